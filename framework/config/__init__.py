@@ -1,0 +1,3 @@
+from framework.config.errors import ConfigError
+
+__all__ = ["ConfigError"]

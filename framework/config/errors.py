@@ -1,0 +1,6 @@
+class ConfigError(Exception):
+    """A user mistake in the configuration: reported as one line, exit code 2, no traceback."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key

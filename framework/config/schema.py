@@ -1,0 +1,145 @@
+"""Typed schemas for every config group.
+
+Each group option in conf/ starts its defaults list with `<option>_schema`, so a key the
+schema does not know, or a value of the wrong type, fails when Hydra composes the config.
+Strategy-specific options live beside their strategy; only the shared parts are here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ParallelConfig:
+    """Options every strategy understands; strategies subclass it with their own knobs."""
+    name: str = MISSING
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1F1B"
+    pp_microbatches: Optional[int] = None
+    pp_virtual_stages: int = 1
+    sequence_parallel: bool = False
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+
+
+@dataclass
+class ActivationCheckpointingConfig:
+    mode: str = "none"          # none | full | selective
+    every_n_layers: int = 2     # selective: checkpoint every Nth block
+
+
+@dataclass
+class OptimizerConfig:
+    _target_: str = MISSING
+    lr: float = MISSING
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig(OptimizerConfig):
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    foreach: Optional[bool] = None
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    _target_: str = "torch.optim.SGD"
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = MISSING
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1   # cosine decays to lr * min_lr_ratio at max_steps
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    seq_len: int = 128
+    # pydoc | text | tokens | synthetic
+    source: str = MISSING
+    path: Optional[str] = None          # text file or pre-tokenized token file
+    dtype: str = "uint16"               # tokens: uint16 | uint32
+    vocab_size: int = 256               # byte-level for pydoc and text
+    val_fraction: float = 0.05
+    num_tokens: int = 1_000_000         # synthetic only
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 200
+    global_batch_size: int = 16
+    micro_batch_size: int = 16
+    log_every: int = 10
+    eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
+    eval_batches: int = 4
+    grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
+    progress_bar: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None           # default: <run dir>/checkpoints
+    interval: int = 0                   # 0 = only at the end (when enabled)
+    save: bool = False
+    resume: Optional[str] = None        # null | auto | <path>
+    keep_last: int = 2
+
+
+@dataclass
+class LauncherConfig:
+    nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    peak_flops: Optional[float] = None      # per device; null = look up the device
+    cpu_peak_flops: float = 3.0e11          # what MFU is measured against on CPU
+
+
+@dataclass
+class Config:
+    parallel: Any = MISSING
+    zero: ZeroConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    activation_checkpointing: ActivationCheckpointingConfig = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: SchedulerConfig = MISSING
+    data: DataConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    seed: int = 0
+    device: str = "auto"                    # auto | cpu | cuda

@@ -1,0 +1,129 @@
+"""Cross-field rules, checked in the launching process before any worker or process group exists.
+
+Each rule raises ConfigError(key, message) with the numbers involved and what would work.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from hydra.utils import get_class
+
+from framework.config.errors import ConfigError
+from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
+from framework.optim.schedulers import SCHEDULES
+
+LLAMA_TARGET = "framework.models.llama.Llama"
+
+
+def _positive(cfg, *keys: str) -> None:
+    for key in keys:
+        node, _, leaf = key.rpartition(".")
+        value = getattr(_select(cfg, node), leaf)
+        if value is None or value <= 0:
+            raise ConfigError(key, f"must be positive, got {value}")
+
+
+def _select(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _importable(key: str, target: str) -> type:
+    try:
+        return get_class(target)
+    except Exception:
+        raise ConfigError(key, f"cannot import {target!r}; give a class path such as {LLAMA_TARGET}") from None
+
+
+def validate_model(cfg) -> None:
+    model = cfg.model
+    if "_target_" not in model or not model._target_:
+        raise ConfigError("model._target_", "missing: name the nn.Module class to train")
+    _importable("model._target_", model._target_)
+    if model._target_ != LLAMA_TARGET:
+        return
+    for key in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len"):
+        if model[key] <= 0:
+            raise ConfigError(f"model.{key}", f"must be positive, got {model[key]}")
+    kv = model.n_kv_heads or model.n_heads
+    if model.dim % model.n_heads:
+        raise ConfigError("model.dim", f"{model.dim} is not divisible by model.n_heads={model.n_heads}")
+    if (model.dim // model.n_heads) % 2:
+        raise ConfigError("model.dim", f"head dim {model.dim // model.n_heads} must be even for rotary embeddings")
+    if kv <= 0 or model.n_heads % kv:
+        raise ConfigError("model.n_kv_heads", f"{kv} must divide model.n_heads={model.n_heads}")
+    if cfg.data.seq_len > model.max_seq_len:
+        raise ConfigError("data.seq_len", f"{cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
+    if cfg.data.vocab_size > model.vocab_size:
+        raise ConfigError("model.vocab_size", f"{model.vocab_size} is smaller than the data's vocabulary "
+                                              f"(data.vocab_size={cfg.data.vocab_size})")
+
+
+def validate_data(cfg) -> None:
+    data = cfg.data
+    _positive(cfg, "data.seq_len", "data.vocab_size")
+    if not 0 <= data.val_fraction < 1:
+        raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
+    if data.source in ("text", "tokens"):
+        if not data.path:
+            raise ConfigError("data.path", f"data.source={data.source} needs a file path")
+        if not os.path.isfile(data.path):
+            raise ConfigError("data.path", f"no such file: {data.path}")
+        if data.source == "tokens" and data.dtype not in TOKEN_DTYPES:
+            raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
+    elif data.source not in ("pydoc", "synthetic"):
+        raise ConfigError("data.source", f"unknown source {data.source!r}; use pydoc, text, tokens or synthetic")
+    try:
+        tokens = load_tokens(data)
+        check_token_range(tokens, data.vocab_size, data.path)
+    except DataError as e:
+        key, _, msg = str(e).partition(": ")
+        raise ConfigError(key, msg) from None
+    train_tokens = len(tokens) - int(len(tokens) * data.val_fraction)
+    if train_tokens < data.seq_len + 1:
+        raise ConfigError("data.seq_len", f"the training split holds {train_tokens} tokens, "
+                                          f"fewer than one sequence of {data.seq_len + 1}")
+    if cfg.trainer.eval_every and int(len(tokens) * data.val_fraction) < data.seq_len + 1:
+        raise ConfigError("trainer.eval_every", "evaluation needs a validation split of at least one sequence; "
+                                                "raise data.val_fraction or set trainer.eval_every=0")
+
+
+def validate_batch(cfg, dp_size: int) -> None:
+    t = cfg.trainer
+    per_step = t.micro_batch_size * dp_size
+    if t.global_batch_size % per_step:
+        raise ConfigError("trainer.global_batch_size",
+                          f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
+                          f"= {t.micro_batch_size} x {dp_size} = {per_step}")
+
+
+def validate(cfg, world_size: int, strategy_cls) -> None:
+    _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
+              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
+    for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
+                "scheduler.warmup_steps", "seed"):
+        if _select(cfg, key) < 0:
+            raise ConfigError(key, f"must not be negative, got {_select(cfg, key)}")
+    if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node <= 0:
+        raise ConfigError("launcher.nproc_per_node", f"must be positive, got {cfg.launcher.nproc_per_node}")
+    if cfg.scheduler.name not in SCHEDULES:
+        raise ConfigError("scheduler.name", f"unknown schedule {cfg.scheduler.name!r}; use {' or '.join(SCHEDULES)}")
+    if not 0 <= cfg.scheduler.min_lr_ratio <= 1:
+        raise ConfigError("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError("device", f"unknown device {cfg.device!r}; use auto, cpu or cuda")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
+    _importable("optimizer._target_", cfg.optimizer._target_)
+    if cfg.zero.stage not in (0, 1, 2, 3):
+        raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
+    if cfg.activation_checkpointing.mode not in ("none", "full", "selective"):
+        raise ConfigError("activation_checkpointing.mode",
+                          f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
+    validate_model(cfg)
+    strategy_cls.validate(cfg, world_size)
+    validate_batch(cfg, strategy_cls.data_parallel_size(cfg, world_size))
+    validate_data(cfg)

@@ -1,0 +1,186 @@
+"""A Llama-style decoder small enough to read in one sitting.
+
+RMSNorm, rotary position embeddings, grouped-query attention through
+scaled_dot_product_attention and a SwiGLU MLP. Layers live in a ModuleDict keyed by
+their index so a pipeline stage can drop the layers it does not own and keep the
+parameter names (and thus checkpoints) of the full model. The embedding, final norm
+and output head may be None on pipeline stages that do not hold them.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaArgs:
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: Optional[int] = None      # None = n_heads (plain multi-head attention)
+    vocab_size: int = 256
+    ffn_dim: Optional[int] = None         # None = 8/3 * dim rounded up to multiple_of
+    multiple_of: int = 32
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_seq_len: int = 2048
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_dim:
+            return self.ffn_dim
+        hidden = int(8 * self.dim / 3)
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count from the shapes alone (no model needed: used for MFU and planning)."""
+        d, h = self.dim, self.hidden_dim
+        attn = d * d + 2 * d * self.kv_heads * self.head_dim + d * d
+        block = attn + 3 * d * h + 2 * d
+        n = self.n_layers * block + d
+        emb = self.vocab_size * d
+        n += emb if self.tie_embeddings else 2 * emb
+        if not include_embedding:
+            n -= emb
+        return n
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (batch, seq, heads, head_dim); rotates interleaved pairs (HF's layout is converted on export)."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seq, _ = x.shape
+        # -1 instead of the head counts: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(bsz, seq, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)   # gate
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)   # up
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)   # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.args = args = LlamaArgs(**kwargs)
+        self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm: Optional[RMSNorm] = RMSNorm(args.dim, args.norm_eps)
+        self.output: Optional[nn.Linear] = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        cos, sin = rope_tables(self.args.head_dim, h.shape[1], self.args.rope_theta, device=h.device)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h).float() if self.output is not None else h
+
+    def block_classes(self) -> tuple[type, ...]:
+        return (TransformerBlock,)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6N + 12*L*H*Q*T (the PaLM / nanoGPT estimate), N without the embedding lookup."""
+        a = self.args
+        return 6 * a.num_params(include_embedding=False) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
+
+
+def param_seed(seed: int, name: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
+    """Initialise every parameter from a generator seeded by (seed, parameter name).
+
+    Layout independence: a parameter's values depend only on the seed and its name, never
+    on which other parameters a rank holds or in which order they are created. Norm
+    weights start at one; output projections (wo, w2) are scaled down with depth as in GPT-2.
+    """
+    n_layers = max(1, len(getattr(model, "layers", [])) or 1)
+    if hasattr(model, "args"):
+        n_layers, std = model.args.n_layers, model.args.init_std
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+            continue
+        scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
+        gen = torch.Generator().manual_seed(param_seed(seed, name))
+        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)

@@ -1,0 +1,223 @@
+"""The Strategy interface: everything the trainer needs that depends on how the job is parallelised.
+
+The trainer calls only these methods. Class-level hooks (`default_world_size`, `validate`)
+run in the launching process before any worker or process group exists.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+from typing import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from framework.config.errors import ConfigError
+from framework.config.schema import ParallelConfig
+from framework.metrics.memory import local_bytes
+
+ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
+
+
+class Strategy:
+    name = "base"
+    options = ParallelConfig  #: the schema of parallel.* for this strategy
+    #: zero stage -> None if supported, else the strategies that support it (for the error message)
+    zero_support: dict[int, str | None] = {0: None}
+    precisions: tuple[str, ...] = ("fp32",)
+    activation_checkpointing: tuple[str, ...] = ("none",)
+
+    # ---- before any worker exists -------------------------------------------------------
+    @classmethod
+    def default_world_size(cls, cfg) -> int:
+        return 1
+
+    @classmethod
+    def data_parallel_size(cls, cfg, world_size: int) -> int:
+        return world_size
+
+    @classmethod
+    def validate(cls, cfg, world_size: int) -> None:
+        """Cross-field rules this strategy adds; raise ConfigError."""
+        stage = cfg.zero.stage
+        if stage not in cls.zero_support:
+            raise ConfigError("zero", f"parallel={cls.name} does not do zero={ZERO_NAMES.get(stage, stage)}")
+        if cls.zero_support[stage] is not None:
+            raise ConfigError("zero", f"parallel={cls.name} does not do zero={ZERO_NAMES[stage]}; "
+                                      f"{cls.zero_support[stage]}")
+        if cfg.precision.name not in cls.precisions:
+            raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
+                                           f"it supports {', '.join(cls.precisions)}")
+        if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
+            raise ConfigError("activation_checkpointing",
+                              f"parallel={cls.name} does not support activation_checkpointing="
+                              f"{cfg.activation_checkpointing.mode} yet")
+        for key in ("tp", "pp"):
+            if getattr(cfg.parallel, key) != 1:
+                raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
+                                                      f"(got {getattr(cfg.parallel, key)}); parallel=3d does")
+
+    # ---- inside a worker ----------------------------------------------------------------
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = self._pick_device()
+        self._grad_bytes = 0
+
+    def _pick_device(self) -> torch.device:
+        want = self.cfg.device
+        if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def setup_distributed(self) -> None:
+        if self.world_size > 1 and not dist.is_initialized():
+            backend = self.cfg.launcher.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+            dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """The one rank that logs and writes shared files."""
+        return self.rank == 0
+
+    def setup(self, build_model: Callable[[], nn.Module],
+              build_optimizer: Callable[[Iterable], torch.optim.Optimizer],
+              build_scheduler: Callable[[torch.optim.Optimizer], object]) -> None:
+        raise NotImplementedError
+
+    def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        """Run all micro-batches of this rank's share of one global batch, accumulate the gradient
+        of the global-batch mean loss, and return that mean loss (a 0-d tensor, same on every rank)."""
+        raise NotImplementedError
+
+    def optimizer_step(self, max_grad_norm: float) -> float:
+        """Clip (0 = measure only), step optimizer and LR schedule, zero gradients; return the grad norm."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
+        raise NotImplementedError
+
+    def current_lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def flops_per_token(self, seq_len: int) -> float:
+        model = self.unwrapped_model()
+        return model.flops_per_token(seq_len) if hasattr(model, "flops_per_token") else 0.0
+
+    def unwrapped_model(self) -> nn.Module:
+        return self.model
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes of parameters, gradients and optimizer states that this rank actually holds."""
+        params = list(self.model.parameters())
+        state = [t for s in self.optimizer_states() for t in s.values() if isinstance(t, torch.Tensor)]
+        return {
+            "param_bytes": sum(local_bytes(p) for p in params),
+            "grad_bytes": self._grad_bytes,
+            "optim_state_bytes": sum(local_bytes(t) for t in state),
+        }
+
+    def optimizer_states(self):
+        return self.optimizer.state.values()
+
+    def reduce_mean(self, value: torch.Tensor, group=None) -> torch.Tensor:
+        if not dist.is_initialized():
+            return value
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+        return value / dist.get_world_size(group)
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def teardown(self) -> None:
+        # Wrappers such as DDP's Reducer hold the process group. Freed after it is destroyed, they
+        # would run the gloo destructor, which joins its threads while holding the GIL: a deadlock.
+        if dist.is_initialized():
+            dist.barrier()
+        self.model = self.optimizer = self.scheduler = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class TorchStrategy(Strategy):
+    """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def make_optimizer(self, params, build_optimizer):
+        return build_optimizer(params)
+
+    def accumulation_context(self, is_last: bool):
+        """Skip gradient synchronisation on all but the last micro-batch where the wrapper allows it."""
+        return contextlib.nullcontext()
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+        model = build_model().to(self.device)
+        self.model = self.wrap_model(model)
+        self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
+        self.scheduler = build_scheduler(self.optimizer)
+
+    def _to_device(self, batch):
+        return (t.to(self.device, non_blocking=True) for t in batch)
+
+    def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.model.train()
+        n = len(micro_batches)
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            inputs, targets = self._to_device(batch)
+            with self.accumulation_context(is_last=i == n - 1):
+                with self.autocast():
+                    loss = loss_fn(self.model(inputs), targets)
+                self.backward(loss / n)
+            total += loss.detach().float()
+        return self.reduce_mean(total / n)
+
+    def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
+        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
+        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+
+    def optimizer_step(self, max_grad_norm: float) -> float:
+        grad_norm = self.clip_grad_norm(max_grad_norm)
+        self._grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(grad_norm)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        for batch in micro_batches:
+            inputs, targets = self._to_device(batch)
+            with self.autocast():
+                total += loss_fn(self.model(inputs), targets).float()
+        return self.reduce_mean(total / max(1, len(micro_batches)))

@@ -1,0 +1,83 @@
+"""Data parallel: a full replica per rank, gradients all-reduced by DistributedDataParallel.
+
+zero=stage1 shards the optimizer states across ranks with torch's ZeroRedundancyOptimizer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+from framework.config.errors import ConfigError
+from framework.config.schema import ParallelConfig
+from framework.strategies.base import TorchStrategy
+
+COMM_HOOKS = {"none": None, "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+
+
+@dataclass
+class DDPOptions(ParallelConfig):
+    name: str = "ddp"
+    bucket_cap_mb: float = 25.0
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+    comm_hook: str = "none"          # none | fp16 | bf16: compress gradients for the all-reduce
+
+
+class DDPStrategy(TorchStrategy):
+    name = "ddp"
+    options = DDPOptions
+    zero_support = {0: None, 1: None,
+                    2: "gradient sharding is done by parallel=fsdp or parallel=deepspeed",
+                    3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
+
+    @classmethod
+    def default_world_size(cls, cfg) -> int:
+        return 2
+
+    @classmethod
+    def validate(cls, cfg, world_size: int) -> None:
+        super().validate(cfg, world_size)
+        if cfg.parallel.comm_hook not in COMM_HOOKS:
+            raise ConfigError("parallel.comm_hook", f"unknown hook {cfg.parallel.comm_hook!r}; "
+                                                    f"use one of {', '.join(COMM_HOOKS)}")
+        if cfg.parallel.bucket_cap_mb <= 0:
+            raise ConfigError("parallel.bucket_cap_mb", f"must be positive, got {cfg.parallel.bucket_cap_mb}")
+        if cfg.zero.offload_optimizer or cfg.zero.offload_params:
+            raise ConfigError("zero", "parallel=ddp cannot offload; parallel=deepspeed offloads optimizer "
+                                      "states and parameters, parallel=fsdp offloads parameters")
+
+    def wrap_model(self, model):
+        opts = self.cfg.parallel
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=opts.bucket_cap_mb,
+            gradient_as_bucket_view=opts.gradient_as_bucket_view,
+            static_graph=opts.static_graph,
+            find_unused_parameters=opts.find_unused_parameters,
+        )
+        hook = COMM_HOOKS[opts.comm_hook]
+        if hook is not None:
+            ddp.register_comm_hook(state=None, hook=hook)
+        return ddp
+
+    def make_optimizer(self, params, build_optimizer):
+        if self.cfg.zero.stage == 1:
+            return ZeroRedundancyOptimizer(build_optimizer.param_groups(params),
+                                           optimizer_class=build_optimizer.cls, **build_optimizer.kwargs)
+        return build_optimizer(params)
+
+    def accumulation_context(self, is_last: bool):
+        return super().accumulation_context(is_last) if is_last else self.model.no_sync()
+
+    def unwrapped_model(self):
+        return self.model.module
+
+    def optimizer_states(self):
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            return self.optimizer.optim.state.values()
+        return super().optimizer_states()

@@ -1,0 +1,32 @@
+"""parallel.name -> Strategy class. Adding a strategy: one file, one line here, one yaml."""
+from __future__ import annotations
+
+import importlib
+
+from framework.config.errors import ConfigError
+
+STRATEGIES: dict[str, str] = {
+    "single": "framework.strategies.single:SingleDeviceStrategy",
+    "ddp": "framework.strategies.ddp:DDPStrategy",
+}
+
+# Named in the design, not built yet: selecting one says so instead of failing obscurely.
+PLANNED: dict[str, str] = {
+    "fsdp": "FSDP2 with ZeRO-2/3 and HSDP",
+    "deepspeed": "DeepSpeed ZeRO stages 1-3",
+    "3d": "tensor x pipeline x data parallelism",
+}
+
+
+def strategy_class(name: str):
+    if name not in STRATEGIES:
+        if name in PLANNED:
+            raise ConfigError("parallel", f"parallel={name} ({PLANNED[name]}) is not implemented yet; "
+                                          f"available: {', '.join(STRATEGIES)}")
+        raise ConfigError("parallel", f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
+    module, cls = STRATEGIES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def all_strategy_classes():
+    return {name: strategy_class(name) for name in STRATEGIES}

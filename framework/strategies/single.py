@@ -1,0 +1,18 @@
+from framework.strategies.base import TorchStrategy
+
+
+class SingleDeviceStrategy(TorchStrategy):
+    """One process, one device: the reference every parallel layout is checked against."""
+    name = "single"
+    zero_support = {0: None,
+                    1: "sharding needs several ranks: use parallel=ddp (stage1), fsdp or deepspeed",
+                    2: "sharding needs several ranks: use parallel=fsdp or deepspeed",
+                    3: "sharding needs several ranks: use parallel=fsdp or deepspeed"}
+
+    @classmethod
+    def validate(cls, cfg, world_size: int) -> None:
+        super().validate(cfg, world_size)
+        if world_size != 1:
+            from framework.config.errors import ConfigError
+            raise ConfigError("launcher.nproc_per_node",
+                              f"parallel=single runs one process, not {world_size}; use parallel=ddp for several")

@@ -1,0 +1,89 @@
+"""The training loop. It knows the config and the Strategy interface, never which strategy runs."""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
+from framework.data.sources import load_tokens
+from framework.metrics.logger import MetricsLogger
+from framework.metrics.memory import peak_memory_gb
+from framework.metrics.mfu import mfu, peak_flops
+from framework.models.llama import Llama, init_weights
+from framework.optim.factory import OptimizerFactory
+from framework.optim.schedulers import build_scheduler
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+def build_model(cfg) -> torch.nn.Module:
+    """Same seed -> same initial weights, whatever the layout: every rank builds the full model
+    from the seed (our Llama seeds each parameter by name, so a shard can be built alone)."""
+    torch.manual_seed(cfg.seed)
+    model = instantiate(cfg.model, _convert_="all")
+    if isinstance(model, Llama):
+        init_weights(model, cfg.seed)
+    return model
+
+
+class Trainer:
+    def __init__(self, cfg, strategy, run_dir: str):
+        self.cfg = cfg
+        self.strategy = strategy
+        self.run_dir = run_dir
+        t = cfg.trainer
+        train_tokens, val_tokens = split_train_val(load_tokens(cfg.data), cfg.data.val_fraction)
+        self.train_data = GlobalBatchSampler(train_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed)
+        self.val_data = (GlobalBatchSampler(val_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed,
+                                            shuffle=False) if t.eval_every else None)
+        self.step = 0
+
+    def _local_micro_batches(self, sampler: GlobalBatchSampler, step: int):
+        s = self.strategy
+        return micro_batches(sampler.local_batch(step, s.dp_rank, s.dp_size), self.cfg.trainer.micro_batch_size)
+
+    def evaluate(self) -> float:
+        losses = [self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy)
+                  for i in range(self.cfg.trainer.eval_batches)]
+        return float(torch.stack(losses).mean())
+
+    def fit(self) -> None:
+        cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
+        s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
+                lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
+        tokens_per_step = t.global_batch_size * cfg.data.seq_len
+        flops_per_token = s.flops_per_token(cfg.data.seq_len)
+        peak = peak_flops(s.device, cfg.logging)
+        logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
+                               initial_step=self.step)
+        try:
+            while self.step < t.max_steps:
+                start = time.perf_counter()
+                loss = s.forward_backward(self._local_micro_batches(self.train_data, self.step), cross_entropy)
+                lr = s.current_lr()
+                grad_norm = s.optimizer_step(t.grad_clip)
+                loss = float(loss)
+                elapsed = time.perf_counter() - start
+                self.step += 1
+                logger.advance()
+                is_last = self.step == t.max_steps
+                do_eval = t.eval_every and (self.step % t.eval_every == 0 or is_last)
+                if do_eval or is_last or self.step == 1 or self.step % t.log_every == 0:
+                    tokens_per_sec = tokens_per_step / elapsed
+                    record = {
+                        "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                        "tokens_per_sec": tokens_per_sec,
+                        "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
+                        "memory_gb": peak_memory_gb(s.device),
+                        **s.memory_breakdown(),
+                    }
+                    if do_eval:
+                        record["val_loss"] = self.evaluate()
+                    logger.log(record)
+        finally:
+            logger.close()

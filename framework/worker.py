@@ -1,0 +1,27 @@
+"""One training process: build the strategy, train, tear down."""
+from __future__ import annotations
+
+import os
+
+from omegaconf import OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from framework.strategies.registry import strategy_class
+from framework.trainer import Trainer
+
+
+def run_worker(cfg, run_dir: str) -> None:
+    strategy = strategy_class(cfg.parallel.name)(cfg)
+    strategy.setup_distributed()
+    try:
+        Trainer(cfg, strategy, run_dir).fit()
+    finally:
+        strategy.teardown()
+
+
+@record
+def worker_entry(run_dir: str) -> None:
+    """Entry point of a spawned worker: the resolved config the parent validated and saved."""
+    from framework.launch import RESOLVED_CONFIG
+    cfg = OmegaConf.load(os.path.join(run_dir, RESOLVED_CONFIG))
+    run_worker(cfg, run_dir)
