@@ -98,6 +98,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
         elastic_launch(config, worker_entry)(os.path.abspath(run_dir))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        print(f"error: worker rank {rank} failed with exit code {failure.exitcode} "
-              f"({failure.message or 'see its output above'})", file=sys.stderr)
+        message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+        print(f"error: worker rank {rank} failed with exit code {failure.exitcode}: "
+              f"{message or 'see its output above'}", file=sys.stderr)
         sys.exit(1)

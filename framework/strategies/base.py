@@ -17,6 +17,7 @@ from torch import nn
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
+from framework.precision import build_precision
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 
@@ -79,7 +80,11 @@ class Strategy:
         return torch.device("cpu")
 
     def setup_distributed(self) -> None:
-        if self.world_size > 1 and not dist.is_initialized():
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        if self.device.type == "cpu" and local_world > 1:
+            # Processes on one host share its cores; more threads than cores only thrash.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        if "WORLD_SIZE" in os.environ and not dist.is_initialized():
             backend = self.cfg.launcher.backend or ("nccl" if self.device.type == "cuda" else "gloo")
             dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
 
@@ -113,6 +118,23 @@ class Strategy:
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
         raise NotImplementedError
+
+    @property
+    def needs_batches(self) -> bool:
+        """False on ranks that take no token batches (inner pipeline stages)."""
+        return True
+
+    # ---- checkpoints (all ranks call these; `path` is one step's directory) ---------------
+    def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule and precision state of this strategy."""
+        raise NotImplementedError(f"parallel={self.name} cannot save checkpoints yet")
+
+    def load_checkpoint(self, path: str) -> None:
+        raise NotImplementedError(f"parallel={self.name} cannot load checkpoints yet")
+
+    def full_model_state_dict(self) -> dict | None:
+        """Consolidated fp32 weights with the unwrapped model's names, on the main rank (None elsewhere)."""
+        raise NotImplementedError(f"parallel={self.name} cannot export weights yet")
 
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -162,6 +184,10 @@ class Strategy:
 class TorchStrategy(Strategy):
     """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.precision = build_precision(cfg, self.device)
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
@@ -173,10 +199,10 @@ class TorchStrategy(Strategy):
         return contextlib.nullcontext()
 
     def autocast(self):
-        return contextlib.nullcontext()
+        return self.precision.autocast()
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        self.precision.backward(loss)
 
     def setup(self, build_model, build_optimizer, build_scheduler) -> None:
         model = build_model().to(self.device)
@@ -205,9 +231,10 @@ class TorchStrategy(Strategy):
         return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
 
     def optimizer_step(self, max_grad_norm: float) -> float:
+        self.precision.unscale_(self.optimizer)
         grad_norm = self.clip_grad_norm(max_grad_norm)
         self._grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
-        self.optimizer.step()
+        self.last_step_skipped = not self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return float(grad_norm)

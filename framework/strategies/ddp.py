@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
@@ -44,6 +45,15 @@ class DDPStrategy(TorchStrategy):
         if cfg.parallel.comm_hook not in COMM_HOOKS:
             raise ConfigError("parallel.comm_hook", f"unknown hook {cfg.parallel.comm_hook!r}; "
                                                     f"use one of {', '.join(COMM_HOOKS)}")
+        if cfg.parallel.comm_hook == "bf16" and not torch.cuda.is_available():
+            raise ConfigError("parallel.comm_hook", "bf16 gradient compression needs CUDA with NCCL; "
+                                                    "on this machine use parallel.comm_hook=fp16")
+        t = cfg.trainer
+        accumulation = t.global_batch_size // max(1, t.micro_batch_size * world_size)
+        if cfg.parallel.static_graph and accumulation > 1:
+            raise ConfigError("parallel.static_graph", f"DDP's static graph cannot skip gradient sync, which "
+                                                       f"{accumulation} accumulation steps need; set "
+                                                       f"trainer.micro_batch_size=global_batch_size/world_size")
         if cfg.parallel.bucket_cap_mb <= 0:
             raise ConfigError("parallel.bucket_cap_mb", f"must be positive, got {cfg.parallel.bucket_cap_mb}")
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:

@@ -1,0 +1,57 @@
+"""Run the real entrypoint in a subprocess and read what it wrote."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny model and short sequences: every layout finishes in seconds on two CPU cores.
+FAST = [
+    "model=tiny", "data.seq_len=32", "trainer.max_steps=8", "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=2", "trainer.log_every=1", "trainer.eval_every=0",
+    "trainer.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=3e-3",
+    "scheduler.warmup_steps=2",
+]
+
+
+def run_framework(args: list[str], run_dir: Path | None = None, timeout: float = 300,
+                  torchrun_nproc: int | None = None, env: dict | None = None,
+                  module: str = "framework") -> subprocess.CompletedProcess:
+    """`python -m framework ARGS hydra.run.dir=RUN_DIR`, or the same under torchrun."""
+    cmd = [sys.executable]
+    if torchrun_nproc:
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun_nproc}"]
+    cmd += ["-m", module, *args]
+    if run_dir is not None:
+        cmd.append(f"hydra.run.dir={run_dir}")
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def check_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_metrics(run_dir)]
+
+
+def max_rel_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a, f"different lengths: {len(a)} vs {len(b)}"
+    return max(abs(x - y) / max(abs(x), 1e-12) for x, y in zip(a, b))
+
+
+def train(tmp_path: Path, name: str, args: list[str], **kwargs) -> list[float]:
+    """Run a job with FAST defaults plus ARGS; return its per-step losses."""
+    run_dir = tmp_path / name
+    check_ok(run_framework([*FAST, *args], run_dir, **kwargs))
+    return losses(run_dir)
