@@ -45,6 +45,8 @@ class Trainer:
 
     def _local_micro_batches(self, sampler: GlobalBatchSampler, step: int):
         s = self.strategy
+        if not s.needs_batches:
+            return []
         return micro_batches(sampler.local_batch(step, s.dp_rank, s.dp_size), self.cfg.trainer.micro_batch_size)
 
     def evaluate(self) -> float:
