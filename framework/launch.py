@@ -7,6 +7,7 @@ compose the config again: they read the resolved config that the parent wrote to
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import uuid
 from datetime import timedelta
@@ -59,6 +60,12 @@ def hydra_output_subdir(name: str):
     return name if is_rank_zero() else None
 
 
+def _remove_if_only_hydra_files(run_dir: str) -> None:
+    """Hydra makes the run dir before the job starts; a rejected config should leave nothing behind."""
+    if is_rank_zero() and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def run(cfg: DictConfig, run_dir: str) -> None:
     """Validate, then train; returns normally on success, exits 2 on a configuration error."""
     try:
@@ -67,6 +74,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
         validate(cfg, world_size, strategy_cls)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        _remove_if_only_hydra_files(run_dir)
         sys.exit(2)
 
     if is_rank_zero():

@@ -8,6 +8,7 @@ import os
 
 import torch
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from framework.config.errors import ConfigError
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
@@ -62,20 +63,26 @@ def validate_model(cfg) -> None:
                                               f"(data.vocab_size={cfg.data.vocab_size})")
 
 
-def validate_data(cfg) -> None:
+def validate_data_files(cfg) -> None:
     data = cfg.data
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
     if data.source in ("text", "tokens"):
         if not data.path:
-            raise ConfigError("data.path", f"data.source={data.source} needs a file path")
+            raise ConfigError("data.path", f"is required for data.source={data.source}; "
+                                           f"set data.path=/path/to/file")
         if not os.path.isfile(data.path):
             raise ConfigError("data.path", f"no such file: {data.path}")
         if data.source == "tokens" and data.dtype not in TOKEN_DTYPES:
             raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
     elif data.source not in ("pydoc", "synthetic"):
         raise ConfigError("data.source", f"unknown source {data.source!r}; use pydoc, text, tokens or synthetic")
+
+
+def validate_data_contents(cfg) -> None:
+    """Reads the data (a memmap for token files): the last check, after the cheap ones passed."""
+    data = cfg.data
     try:
         tokens = load_tokens(data)
         check_token_range(tokens, data.vocab_size, data.path)
@@ -101,6 +108,9 @@ def validate_batch(cfg, dp_size: int) -> None:
 
 
 def validate(cfg, world_size: int, strategy_cls) -> None:
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
@@ -123,7 +133,8 @@ def validate(cfg, world_size: int, strategy_cls) -> None:
     if cfg.activation_checkpointing.mode not in ("none", "full", "selective"):
         raise ConfigError("activation_checkpointing.mode",
                           f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
+    validate_data_files(cfg)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
     validate_batch(cfg, strategy_cls.data_parallel_size(cfg, world_size))
-    validate_data(cfg)
+    validate_data_contents(cfg)

@@ -1,0 +1,57 @@
+"""The entrypoint as a user runs it: the embedded default, sweeps, the run dir's contents."""
+import math
+
+import yaml
+
+from tests.helpers import FAST, check_ok, read_metrics, run_framework
+
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb"}
+
+
+def test_default_job_learns(tmp_path):
+    """`python -m framework` with nothing else: byte-level loss starts near ln 256 and falls clearly."""
+    run_dir = tmp_path / "default"
+    check_ok(run_framework([], run_dir, timeout=1200))
+    records = read_metrics(run_dir)
+    assert METRIC_KEYS <= records[0].keys()
+    first, last = records[0]["loss"], records[-1]["loss"]
+    assert abs(first - math.log(256)) < 0.3
+    assert last < 0.6 * first
+    assert records[-1]["step"] == 200 and "val_loss" in records[-1]
+    assert records[-1]["val_loss"] < 0.7 * first
+    assert all(math.isfinite(r["grad_norm"]) and r["tokens_per_sec"] > 0 and 0 < r["mfu"] for r in records)
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["parallel"]["name"] == "single" and resolved["model"]["dim"] > 0
+    assert (run_dir / ".hydra" / "overrides.yaml").exists()
+    assert any((run_dir / "tensorboard").iterdir())
+
+
+def test_multirun_gives_one_run_dir_per_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [a for a in FAST if not a.startswith(("optimizer.lr", "trainer.max_steps"))]
+    proc = run_framework(["-m", *args, "parallel=ddp", "optimizer.lr=1e-3,2e-3", "trainer.max_steps=3",
+                          f"hydra.sweep.dir={sweep}"])
+    check_ok(proc)
+    points = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in points] == ["0", "1"]
+    lrs = []
+    for point in points:
+        records = read_metrics(point)
+        assert [r["step"] for r in records] == [1, 2, 3]
+        lrs.append(yaml.safe_load((point / "config.yaml").read_text())["optimizer"]["lr"])
+    assert lrs == [1e-3, 2e-3]
+
+
+def test_metrics_and_config_are_written_once_by_rank_zero(tmp_path):
+    run_dir = tmp_path / "ddp"
+    check_ok(run_framework([*FAST, "parallel=ddp", "launcher.nproc_per_node=2"], run_dir))
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == list(range(1, 9))     # one line per step, not one per rank
+
+
+def test_worker_failure_makes_the_parent_fail(tmp_path):
+    """A worker that raises at run time fails the whole job with a runtime exit code (not 0, not 2)."""
+    proc = run_framework([*FAST, "parallel=ddp", "model=custom",
+                          "model._target_=tests.fixtures.models.ExplodingModel"], tmp_path / "fail")
+    assert proc.returncode not in (0, 2), proc.stderr[-2000:]
+    assert "worker rank 1 failed" in proc.stderr and "boom" in proc.stderr

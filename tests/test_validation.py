@@ -1,0 +1,121 @@
+"""Bad invocations stop before any work: exit 2, one line naming the key, no traceback, nothing written."""
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from framework import launch
+from framework.config.errors import ConfigError
+from framework.config.store import register_configs
+from framework.config.validate import validate
+from framework.strategies.registry import strategy_class
+from tests.helpers import REPO, run_framework
+
+# (overrides, text the first error line must contain)
+CASES = [
+    (["parallel=ddp", "zero=stage3"], "zero: parallel=ddp does not do zero=stage3; parameter sharding is done by parallel=fsdp"),
+    (["parallel=ddp", "zero=stage2"], "zero: parallel=ddp does not do zero=stage2"),
+    (["zero=stage1"], "zero: parallel=single does not do zero=stage1"),
+    (["trainer.global_batch_size=10", "trainer.micro_batch_size=4"], "trainer.global_batch_size: 10 is not divisible"),
+    (["parallel=ddp", "launcher.nproc_per_node=3", "trainer.global_batch_size=16", "trainer.micro_batch_size=4"],
+     "micro_batch_size x data-parallel degree = 4 x 3 = 12"),
+    (["data.seq_len=1000"], "data.seq_len: 1000 exceeds model.max_seq_len=512"),
+    (["optimizer.lr=-1"], "optimizer.lr: must be positive"),
+    (["trainer.max_steps=0"], "trainer.max_steps: must be positive"),
+    (["trainer.micro_batch_size=0"], "trainer.micro_batch_size: must be positive"),
+    (["data=text", "data.path=/nonexistent/corpus.txt"], "data.path: no such file: /nonexistent/corpus.txt"),
+    (["data=tokens"], "data.path: is required"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads: 3 must divide model.n_heads=4"),
+    (["model.dim=130"], "model.dim: 130 is not divisible by model.n_heads=4"),
+    (["model.vocab_size=100"], "model.vocab_size: 100 is smaller than the data's vocabulary"),
+    (["parallel=single", "launcher.nproc_per_node=2"], "launcher.nproc_per_node: parallel=single runs one process"),
+    (["parallel.tp=2"], "parallel.tp: parallel=single has no tp dimension"),
+    (["parallel=ddp", "parallel.comm_hook=int3"], "parallel.comm_hook: unknown hook"),
+    (["parallel=ddp", "parallel.static_graph=true", "trainer.micro_batch_size=2"], "parallel.static_graph"),
+    (["parallel=ddp", "zero.offload_optimizer=true"], "zero: parallel=ddp cannot offload"),
+    (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio: must be in [0, 1]"),
+    (["optimizer._target_=torch.optim.NoSuchOpt"], "optimizer._target_: cannot import"),
+    (["model=custom", "model._target_=no.such.Module"], "model._target_: cannot import"),
+    (["device=tpu"], "device: unknown device 'tpu'"),
+    (["launcher.max_restarts=-1"], "launcher.max_restarts: must not be negative"),
+]
+
+# Rejected by Hydra while composing (typed schemas), before our code runs.
+COMPOSE_CASES = [
+    (["trainer.max_stepz=3"], "trainer.max_stepz"),
+    (["trainer.max_steps=abc"], "trainer.max_steps"),
+    (["model.hidden=3"], "model.hidden"),
+    (["parallel=nope"], "parallel/nope"),
+    (["optimizer.momentum=0.9"], "optimizer.momentum"),   # AdamW has no momentum
+]
+
+
+@pytest.fixture(scope="module")
+def composer():
+    register_configs()
+    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        yield lambda overrides: compose(config_name="config", overrides=overrides)
+
+
+def _validate(cfg):
+    cls = strategy_class(cfg.parallel.name)
+    validate(cfg, launch.world_size_for(cfg, cls), cls)
+
+
+@pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_validation_names_the_key(composer, args, expected):
+    with pytest.raises(ConfigError) as err:
+        _validate(composer(args))
+    assert expected in f"{err.value}"
+
+
+@pytest.mark.parametrize("args,expected", COMPOSE_CASES, ids=[" ".join(a) for a, _ in COMPOSE_CASES])
+def test_schema_rejects_at_compose_time(composer, args, expected):
+    with pytest.raises((HydraException, OmegaConfBaseException)) as err:
+        composer(args)
+    assert expected in str(err.value)
+
+
+def test_default_and_shipped_sizes_validate(composer):
+    _validate(composer([]))
+    for model in ("tiny", "small", "llama_125m"):
+        _validate(composer([f"model={model}"]))
+
+
+@pytest.mark.parametrize("model", ["llama3_8b", "llama3_70b", "llama3_405b"])
+def test_big_model_sizes_compose_and_validate_without_instantiating(composer, model):
+    cfg = composer([f"model={model}", "data=synthetic", "data.vocab_size=128256", "data.seq_len=64",
+                    "data.num_tokens=100000"])
+    _validate(cfg)
+
+
+def _check_rejected(tmp_path, args, expected, first_line_is_ours):
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    proc = run_framework(args, run_dir, timeout=60)
+    assert time.monotonic() - start < 60
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if first_line_is_ours:
+        assert lines == [f"error: {lines[0][len('error: '):]}"], proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert not run_dir.exists() or not any(run_dir.iterdir()), "a rejected job left files behind"
+
+
+END_TO_END = [CASES[0], CASES[4], CASES[9], CASES[11], CASES[14]]
+
+
+@pytest.mark.parametrize("args,expected", END_TO_END, ids=[" ".join(a) for a, _ in END_TO_END])
+def test_invalid_config_exits_2_with_one_line(tmp_path, args, expected):
+    _check_rejected(tmp_path, args, expected, first_line_is_ours=True)
+
+
+@pytest.mark.parametrize("args,expected", COMPOSE_CASES[:2], ids=[" ".join(a) for a, _ in COMPOSE_CASES[:2]])
+def test_compose_errors_exit_2_without_traceback(tmp_path, args, expected):
+    _check_rejected(tmp_path, args, expected, first_line_is_ours=False)
