@@ -1,13 +1,58 @@
 """The precision plug-in of torch-native strategies: autocast, loss scaling and the scaled step.
 
-fp32 is the identity. Strategies that express precision in their own terms (FSDP2's
-MixedPrecisionPolicy, DeepSpeed's bf16/fp16 sections) resolve `precision.*` themselves.
+fp32 is the identity. bf16 and fp16 run the forward under torch.autocast (parameters, gradients
+and optimizer states stay fp32); fp16 adds dynamic loss scaling, whose skipped steps are counted.
+Strategies that express precision in their own terms (FSDP2's MixedPrecisionPolicy, DeepSpeed's
+bf16/fp16 sections) build the plug-in with autocast=False and keep only its loss scaling.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+import torch.distributed as dist
+
+from framework.config.errors import ConfigError
+
+#: precision.name -> the compute dtype it means (precision.param_dtype must agree)
+COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def validate_precision(cfg) -> None:
+    p = cfg.precision
+    if p.name not in COMPUTE_DTYPES:
+        raise ConfigError("precision", f"unknown precision {p.name!r}; use {', '.join(COMPUTE_DTYPES)}")
+    for key in ("param_dtype", "reduce_dtype"):
+        if getattr(p, key) not in DTYPES:
+            raise ConfigError(f"precision.{key}", f"unknown dtype {getattr(p, key)!r}; use {', '.join(DTYPES)}")
+    if p.param_dtype != COMPUTE_DTYPES[p.name]:
+        raise ConfigError("precision.param_dtype", f"precision={p.name} computes in {COMPUTE_DTYPES[p.name]}, "
+                                                   f"not {p.param_dtype}; pick the precision group instead")
+    device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    if p.name != "fp32" and not compute_supported(DTYPES[p.param_dtype], device_type):
+        raise ConfigError("precision", f"this {device_type} cannot train in {p.param_dtype}; "
+                                       f"use precision=fp32{' or bf16' if p.name == 'fp16' else ''}")
+    if p.name == "fp16":
+        if p.init_scale <= 0 or p.growth_factor <= 1 or not 0 < p.backoff_factor < 1 or p.growth_interval <= 0:
+            raise ConfigError("precision", "loss scaling needs init_scale > 0, growth_factor > 1, "
+                                           "0 < backoff_factor < 1 and growth_interval > 0")
+
+
+@functools.cache
+def compute_supported(dtype: torch.dtype, device_type: str) -> bool:
+    """Whether a matmul forward and backward runs in `dtype` here (CPU fp16 kernels depend on the build)."""
+    if device_type == "cuda":
+        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+    try:
+        x = torch.ones(4, 4, requires_grad=True)
+        with torch.autocast(device_type, dtype=dtype):
+            y = x @ x
+        y.float().sum().backward()
+        return y.dtype == dtype and bool(torch.isfinite(x.grad).all())
+    except RuntimeError:
+        return False
 
 
 class Precision:
@@ -29,6 +74,9 @@ class Precision:
         optimizer.step()
         return True
 
+    def metrics(self) -> dict:
+        return {}
+
     def state_dict(self) -> dict:
         return {}
 
@@ -36,5 +84,81 @@ class Precision:
         pass
 
 
-def build_precision(cfg, device: torch.device) -> Precision:
-    return Precision(cfg, device)
+class AutocastPrecision(Precision):
+    """Low-precision compute under torch.autocast; fp32 parameters, gradients and optimizer states."""
+
+    def __init__(self, cfg, device: torch.device, dtype: torch.dtype):
+        super().__init__(cfg, device)
+        self.dtype = dtype
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+class LossScaling(Precision):
+    """Dynamic loss scaling: scale the loss, unscale gradients, skip the step on inf/nan and back
+    off the scale; grow it after `growth_interval` clean steps.
+
+    ShardedGradScaler is torch's GradScaler that all-reduces the inf/nan flag, so ranks holding
+    different gradient shards agree on skipping (a no-op cost for replicated gradients).
+    """
+
+    def __init__(self, cfg, device: torch.device, inner: Precision):
+        super().__init__(cfg, device)
+        self.inner = inner
+        self._scaler = None
+        self.skipped_steps = 0
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler:
+        # Built on first use: the plug-in exists before the process group does.
+        if self._scaler is None:
+            p = self.cfg.precision
+            kwargs = dict(init_scale=p.init_scale, growth_factor=p.growth_factor,
+                          backoff_factor=p.backoff_factor, growth_interval=p.growth_interval)
+            if dist.is_available() and dist.is_initialized():
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+                self._scaler = ShardedGradScaler(device=self.device.type, **kwargs)
+            else:
+                self._scaler = torch.amp.GradScaler(self.device.type, **kwargs)
+        return self._scaler
+
+    def autocast(self):
+        return self.inner.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def unscale_(self, optimizer) -> None:
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer) -> bool:
+        scale = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        # update() backs the scale off exactly when the step found inf/nan and was skipped.
+        skipped = self.scaler.get_scale() < scale
+        self.skipped_steps += skipped
+        return not skipped
+
+    def metrics(self) -> dict:
+        return {"loss_scale": self.scaler.get_scale(), "skipped_steps": self.skipped_steps}
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+            self.skipped_steps = state.get("skipped_steps", 0)
+
+
+def build_precision(cfg, device: torch.device, autocast: bool = True) -> Precision:
+    """The plug-in for `precision.name`; autocast=False when the strategy casts parameters itself."""
+    name = cfg.precision.name
+    plugin = Precision(cfg, device)
+    if name != "fp32" and autocast:
+        plugin = AutocastPrecision(cfg, device, DTYPES[COMPUTE_DTYPES[name]])
+    if name == "fp16":
+        plugin = LossScaling(cfg, device, plugin)
+    return plugin

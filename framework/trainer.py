@@ -83,6 +83,7 @@ class Trainer:
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
                         "memory_gb": peak_memory_gb(s.device),
                         **s.memory_breakdown(),
+                        **s.step_metrics(),
                     }
                     if do_eval:
                         record["val_loss"] = self.evaluate()

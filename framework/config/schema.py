@@ -35,15 +35,22 @@ class ZeroConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"
-    param_dtype: str = "float32"
-    reduce_dtype: str = "float32"
+    name: str = "fp32"                  # fp32 | bf16 | fp16
+    param_dtype: str = "float32"        # compute dtype: autocast dtype, or FSDP2's all-gather dtype
+    reduce_dtype: str = "float32"       # gradient reduction dtype (FSDP2); master weights stay fp32
+    # fp16 dynamic loss scaling (torch.amp.GradScaler)
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
 
 
 @dataclass
 class ActivationCheckpointingConfig:
     mode: str = "none"          # none | full | selective
     every_n_layers: int = 2     # selective: checkpoint every Nth block
+    save_matmuls: bool = False  # selective: inside checkpointed blocks keep matmul outputs, recompute the rest
+    block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 
 @dataclass

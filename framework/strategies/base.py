@@ -17,7 +17,8 @@ from torch import nn
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
-from framework.precision import build_precision
+from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
+from framework.precision import build_precision, validate_precision
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 
@@ -48,9 +49,11 @@ class Strategy:
         if cls.zero_support[stage] is not None:
             raise ConfigError("zero", f"parallel={cls.name} does not do zero={ZERO_NAMES[stage]}; "
                                       f"{cls.zero_support[stage]}")
+        validate_precision(cfg)
         if cfg.precision.name not in cls.precisions:
             raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
                                            f"it supports {', '.join(cls.precisions)}")
+        validate_activation_checkpointing(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"parallel={cls.name} does not support activation_checkpointing="
@@ -136,6 +139,10 @@ class Strategy:
         """Consolidated fp32 weights with the unwrapped model's names, on the main rank (None elsewhere)."""
         raise NotImplementedError(f"parallel={self.name} cannot export weights yet")
 
+    def step_metrics(self) -> dict:
+        """Extra numbers for the metrics record of the last step (e.g. loss scale, skipped steps)."""
+        return {}
+
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
@@ -183,10 +190,12 @@ class Strategy:
 
 class TorchStrategy(Strategy):
     """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
+    #: False where the wrapper casts parameters itself (FSDP2's MixedPrecisionPolicy)
+    precision_autocast = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.precision = build_precision(cfg, self.device)
+        self.precision = build_precision(cfg, self.device, autocast=self.precision_autocast)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -206,9 +215,14 @@ class TorchStrategy(Strategy):
 
     def setup(self, build_model, build_optimizer, build_scheduler) -> None:
         model = build_model().to(self.device)
+        apply_activation_checkpointing(model, self.cfg.activation_checkpointing,
+                                       self.cfg.activation_checkpointing.block_classes)
         self.model = self.wrap_model(model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def step_metrics(self) -> dict:
+        return self.precision.metrics()
 
     def _to_device(self, batch):
         return (t.to(self.device, non_blocking=True) for t in batch)

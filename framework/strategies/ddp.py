@@ -34,6 +34,8 @@ class DDPStrategy(TorchStrategy):
     zero_support = {0: None, 1: None,
                     2: "gradient sharding is done by parallel=fsdp or parallel=deepspeed",
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
+    precisions = ("fp32", "bf16", "fp16")
+    activation_checkpointing = ("none", "full", "selective")
 
     @classmethod
     def default_world_size(cls, cfg) -> int:
@@ -54,6 +56,9 @@ class DDPStrategy(TorchStrategy):
             raise ConfigError("parallel.static_graph", f"DDP's static graph cannot skip gradient sync, which "
                                                        f"{accumulation} accumulation steps need; set "
                                                        f"trainer.micro_batch_size=global_batch_size/world_size")
+        if cfg.precision.reduce_dtype != "float32":
+            raise ConfigError("precision.reduce_dtype", "DDP reduces the fp32 gradients autocast leaves; "
+                                                        "compress them with parallel.comm_hook instead")
         if cfg.parallel.bucket_cap_mb <= 0:
             raise ConfigError("parallel.bucket_cap_mb", f"must be positive, got {cfg.parallel.bucket_cap_mb}")
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:

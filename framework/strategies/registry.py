@@ -8,11 +8,11 @@ from framework.config.errors import ConfigError
 STRATEGIES: dict[str, str] = {
     "single": "framework.strategies.single:SingleDeviceStrategy",
     "ddp": "framework.strategies.ddp:DDPStrategy",
+    "fsdp": "framework.strategies.fsdp:FSDPStrategy",
 }
 
 # Named in the design, not built yet: selecting one says so instead of failing obscurely.
 PLANNED: dict[str, str] = {
-    "fsdp": "FSDP2 with ZeRO-2/3 and HSDP",
     "deepspeed": "DeepSpeed ZeRO stages 1-3",
     "3d": "tensor x pipeline x data parallelism",
 }

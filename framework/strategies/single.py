@@ -4,6 +4,8 @@ from framework.strategies.base import TorchStrategy
 class SingleDeviceStrategy(TorchStrategy):
     """One process, one device: the reference every parallel layout is checked against."""
     name = "single"
+    precisions = ("fp32", "bf16", "fp16")
+    activation_checkpointing = ("none", "full", "selective")
     zero_support = {0: None,
                     1: "sharding needs several ranks: use parallel=ddp (stage1), fsdp or deepspeed",
                     2: "sharding needs several ranks: use parallel=fsdp or deepspeed",
