@@ -12,6 +12,7 @@ TOL = 1e-5
     ("hsdp_2x2", ["zero=stage3", "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
     ("zero3_ac_full", ["zero=stage3", "activation_checkpointing=full"]),
     ("zero3_ac_selective", ["zero=stage3", "activation_checkpointing=selective"]),
+    ("zero3_offload", ["zero=stage3", "zero.offload_params=true"]),
 ])
 def test_fsdp_matches_single(tmp_path, single_reference, name, args):
     got = train(tmp_path, name, ["parallel=fsdp", *args])
