@@ -35,7 +35,7 @@ class Trainer:
     def __init__(self, cfg, strategy, run_dir: str):
         self.cfg = cfg
         self.strategy = strategy
-        self.run_dir = run_dir
+        self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
         train_tokens, val_tokens = split_train_val(load_tokens(cfg.data), cfg.data.val_fraction)
         self.train_data = GlobalBatchSampler(train_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed)

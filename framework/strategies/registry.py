@@ -8,12 +8,12 @@ from framework.config.errors import ConfigError
 STRATEGIES: dict[str, str] = {
     "single": "framework.strategies.single:SingleDeviceStrategy",
     "ddp": "framework.strategies.ddp:DDPStrategy",
+    "deepspeed": "framework.strategies.deepspeed:DeepSpeedStrategy",
     "fsdp": "framework.strategies.fsdp:FSDPStrategy",
 }
 
 # Named in the design, not built yet: selecting one says so instead of failing obscurely.
 PLANNED: dict[str, str] = {
-    "deepspeed": "DeepSpeed ZeRO stages 1-3",
     "3d": "tensor x pipeline x data parallelism",
 }
 

@@ -1,0 +1,278 @@
+"""DeepSpeed: ZeRO stages 0-3 with CPU or NVMe offload, from a DeepSpeed config generated from the run.
+
+The DeepSpeed JSON (deepspeed_config.py) is resolved once from the config groups, checked in the
+launching process, and written to <run dir>/ds_config.json by rank 0. Without CUDA, DeepSpeed runs
+on its CPU accelerator over gloo. deepspeed is imported only inside the workers (it is slow to import).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from framework.config.errors import ConfigError
+from framework.config.schema import ParallelConfig
+from framework.metrics.memory import local_bytes
+from framework.parallel.activation_checkpointing import MODES as AC_MODES, apply_activation_checkpointing
+from framework.strategies import deepspeed_config as dsc
+from framework.strategies.base import Strategy
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class DeepSpeedOptions(ParallelConfig):
+    """parallel.* for DeepSpeed. Knob defaults are DeepSpeed's own (None: DeepSpeed picks per stage)."""
+    name: str = "deepspeed"
+    overlap_comm: Optional[bool] = None
+    contiguous_gradients: bool = True
+    reduce_scatter: bool = True
+    reduce_bucket_size: int = 500_000_000
+    allgather_partitions: bool = True
+    allgather_bucket_size: int = 500_000_000
+    round_robin_gradients: bool = False
+    sub_group_size: int = 1_000_000_000
+    stage3_prefetch_bucket_size: int = 50_000_000
+    stage3_param_persistence_threshold: int = 100_000
+    stage3_max_live_parameters: int = 1_000_000_000
+    stage3_max_reuse_distance: int = 1_000_000_000
+    stage3_gather_16bit_weights_on_model_save: bool = False
+    pin_memory: bool = False                # page-locked offload buffers (pays off with CUDA)
+    nvme_path: Optional[str] = None         # offload to NVMe under this directory instead of CPU memory
+    # precision=fp16: DeepSpeed's extras to precision.init_scale / growth_interval
+    hysteresis: int = 2                     # overflows tolerated before the scale backs off
+    min_loss_scale: float = 1.0
+    use_deepspeed_optimizer: bool = False   # DeepSpeed builds Adam(W) itself (DeepSpeedCPUAdam when offloading)
+    ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
+    overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DeepSpeedStrategy(Strategy):
+    name = "deepspeed"
+    checkpoint_format = "deepspeed"
+    options = DeepSpeedOptions
+    zero_support = {0: None, 1: None, 2: None, 3: None}
+    precisions = ("fp32", "bf16", "fp16")
+    activation_checkpointing = AC_MODES
+
+    @classmethod
+    def default_world_size(cls, cfg) -> int:
+        return 2
+
+    @classmethod
+    def validate(cls, cfg, world_size: int) -> None:
+        super().validate(cfg, world_size)
+        p, z = cfg.parallel, cfg.zero
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError("parallel", "parallel=deepspeed needs the deepspeed package: pip install deepspeed")
+        for key in ("dp_replicate", "dp_shard"):
+            if p[key] != 1:
+                raise ConfigError(f"parallel.{key}", f"parallel=deepspeed data-parallelises over all ranks "
+                                                      f"(launcher.nproc_per_node); got {p[key]}; parallel=fsdp "
+                                                      f"or 3d take dp_replicate/dp_shard")
+        if cfg.precision.name == "fp16" and not dsc.has_fp16_hardware(cfg):
+            raise ConfigError("precision", "fp16 needs CUDA: DeepSpeed's CPU accelerator has no fp16; "
+                                           "use precision=bf16")
+        prec = cfg.precision
+        if prec.name == "fp16" and (prec.growth_factor != 2 or prec.backoff_factor != 0.5
+                                    or math.log2(prec.init_scale) % 1):
+            raise ConfigError("precision", "DeepSpeed's loss scaler grows x2 and backs off x0.5 from a power of "
+                                           f"two; got precision.growth_factor={prec.growth_factor}, "
+                                           f"backoff_factor={prec.backoff_factor}, init_scale={prec.init_scale}")
+        if z.offload_optimizer and z.stage == 0:
+            raise ConfigError("zero.offload_optimizer", "DeepSpeed offloads optimizer states with "
+                                                        "zero=stage1, stage2 or stage3, not zero=none")
+        if z.offload_params and z.stage != 3:
+            raise ConfigError("zero.offload_params", f"DeepSpeed offloads parameters only with zero=stage3 "
+                                                     f"(got zero.stage={z.stage})")
+        if p.nvme_path:
+            if not (z.offload_optimizer or z.offload_params):
+                raise ConfigError("parallel.nvme_path", "is used only with zero.offload_optimizer=true or "
+                                                        "zero.offload_params=true")
+            if not os.path.isdir(p.nvme_path):
+                raise ConfigError("parallel.nvme_path", f"no such directory: {p.nvme_path}")
+        if p.use_deepspeed_optimizer and cfg.optimizer._target_ not in dsc.DS_OPTIMIZERS:
+            raise ConfigError("parallel.use_deepspeed_optimizer",
+                              f"DeepSpeed builds {' and '.join(dsc.DS_OPTIMIZERS)}, not {cfg.optimizer._target_}; "
+                              f"use optimizer=adamw or parallel.use_deepspeed_optimizer=false")
+        for knob in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size"):
+            if p[knob] <= 0:
+                raise ConfigError(f"parallel.{knob}", f"must be positive, got {p[knob]}")
+        t = cfg.trainer
+        if t.global_batch_size % (t.micro_batch_size * world_size):
+            return  # validate_batch names the numbers
+        dsc.resolve(cfg, world_size)
+
+    # ---- inside a worker ----------------------------------------------------------------
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if self.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        self.engine = None
+        self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
+        self.ds_config: dict = {}
+
+    def setup_distributed(self) -> None:
+        if "WORLD_SIZE" not in os.environ:
+            # One process without a launcher: DeepSpeed still wants a process group.
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        super().setup_distributed()
+
+    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+        import deepspeed
+        from deepspeed.utils import logger as ds_logger
+        ds_logger.setLevel("WARNING")
+
+        self.ds_config = dsc.resolve(self.cfg, self.world_size)
+        if self.is_main and self.run_dir:
+            dsc.write(self.ds_config, self.run_dir)
+        model = build_model()
+        ac = self.cfg.activation_checkpointing
+        if ac.mode != "none":
+            apply_activation_checkpointing(model, ac, ac.block_classes)
+        groups = build_optimizer.param_groups(model.parameters())
+        optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+            lr_scheduler=build_scheduler, config=self.ds_config)
+        self.model = self.engine
+        self.dtype = DTYPES[self.cfg.precision.name]
+
+    def _to_device(self, batch):
+        for t in batch:
+            t = t.to(self.engine.device, non_blocking=True)
+            yield t.to(self.dtype) if t.is_floating_point() else t
+
+    def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        engine = self.engine
+        engine.train()
+        n = len(micro_batches)
+        if n != engine.gradient_accumulation_steps():
+            raise RuntimeError(f"{n} micro-batches per step, DeepSpeed expects {engine.gradient_accumulation_steps()}")
+        total = torch.zeros((), device=engine.device)
+        for i, batch in enumerate(micro_batches):
+            inputs, targets = self._to_device(batch)
+            loss = loss_fn(engine(inputs), targets)
+            engine.backward(loss)        # scales by 1/accumulation steps, like the torch path's loss / n
+            if i < n - 1:
+                engine.step()            # not a boundary: DeepSpeed only counts the micro-step
+            total += loss.detach().float()
+        return self.reduce_mean(total / n)
+
+    def optimizer_step(self, max_grad_norm: float) -> float:
+        # The clipping limit is in the DeepSpeed config as gradient_clipping (= trainer.grad_clip).
+        engine = self.engine
+        self._grad_bytes = self._held_grad_bytes()
+        norm = None
+        if not engine.zero_optimization() and not engine.bfloat16_enabled() and not engine.fp16_enabled():
+            # Plain data parallel in fp32 clips without keeping the norm; measure it (grads are reduced).
+            grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
+        engine.step()
+        ds_norm = engine.get_global_grad_norm()
+        self.last_step_skipped = not engine.was_step_applied()
+        return float(ds_norm if ds_norm is not None else norm)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.engine.eval()
+        total = torch.zeros((), device=self.engine.device)
+        for batch in micro_batches:
+            inputs, targets = self._to_device(batch)
+            total += loss_fn(self.engine(inputs), targets).float()
+        return self.reduce_mean(total / max(1, len(micro_batches)))
+
+    def step_metrics(self) -> dict:
+        if not self.engine.fp16_enabled():
+            return {}
+        return {"loss_scale": float(self.engine.optimizer.cur_scale), "skipped_steps": self.engine.skipped_steps}
+
+    def current_lr(self) -> float:
+        return self.engine.basic_optimizer.param_groups[0]["lr"]
+
+    def unwrapped_model(self):
+        return self.engine.module
+
+    # ---- memory: what this rank really holds ----------------------------------------------
+    def _param_tensors(self):
+        for p in self.engine.module.parameters():
+            yield p.data
+            if hasattr(p, "ds_tensor"):     # ZeRO-3: the local partition; p.data is empty unless gathered
+                yield p.ds_tensor
+
+    def _held_grad_bytes(self) -> int:
+        """Gradients at the accumulation boundary: full .grad tensors plus ZeRO's partitioned buffers."""
+        tensors = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        # With offload, ZeRO accumulates into fp32 gradient buffers of its master partitions.
+        tensors += [t.grad for g in self.engine.basic_optimizer.param_groups for t in g["params"]
+                    if t.grad is not None]
+        opt = self.engine.optimizer
+        for attr in ("averaged_gradients", "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"):
+            held = getattr(opt, attr, None)
+            if isinstance(held, dict):
+                for v in held.values():
+                    tensors += v if isinstance(v, list) else [v]
+        seen, total = set(), 0
+        for t in tensors:
+            if torch.is_tensor(t) and t.numel() and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += local_bytes(t)
+        return total
+
+    def memory_breakdown(self) -> dict[str, int]:
+        params = [t for t in self._param_tensors() if t.numel()]
+        model_ptrs = {t.data_ptr() for t in params}
+        basic = self.engine.basic_optimizer
+        # ZeRO and the bf16 optimizer step fp32 copies of this rank's partition: master weights
+        # (ZeRO-3 in fp32 steps the parameter partition itself: no copy, nothing counted).
+        masters = [t for g in basic.param_groups for t in g["params"] if t.numel() and t.data_ptr() not in model_ptrs]
+        state = [t for s in basic.state.values() for t in s.values() if torch.is_tensor(t)]
+        return {
+            "param_bytes": sum(local_bytes(t) for t in params),
+            "grad_bytes": self._grad_bytes,
+            "optim_state_bytes": sum(local_bytes(t) for t in state),
+            "master_param_bytes": sum(local_bytes(t) for t in masters),
+        }
+
+    # ---- checkpoints: DeepSpeed's own format, one step directory --------------------------
+    def save_checkpoint(self, path: str) -> None:
+        parent, tag = os.path.split(os.path.abspath(path))
+        self.engine.save_checkpoint(parent, tag=tag, save_latest=False)
+
+    def load_checkpoint(self, path: str) -> None:
+        parent, tag = os.path.split(os.path.abspath(path))
+        loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if loaded is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {path}")
+
+    def full_model_state_dict(self) -> dict | None:
+        """fp32 weights from the optimizer's master copies (all ranks take part in the gathers)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+        out = {}
+        for name, p in self.engine.module.named_parameters(remove_duplicate=False):
+            full = safe_get_full_fp32_param(p)
+            if full is None:   # no master copy: fp32 without ZeRO, the module holds the weights
+                full = p.detach()
+            if self.is_main:
+                out[name] = full.detach().float().cpu().clone()
+        return out if self.is_main else None
+
+    def teardown(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "destroy"):
+            self.engine.destroy()
+        self.engine = None
+        super().teardown()

@@ -1,0 +1,288 @@
+"""The DeepSpeed JSON of a run, with the run's config groups as the one source of truth.
+
+`resolve(cfg, world_size)` generates the config from trainer.*, precision, zero, optimizer and
+parallel.*. A user's file (parallel.ds_config) plus parallel.overrides is then laid on top:
+"auto" values are filled from the run, a value that contradicts the run is an error naming
+both, and keys the run does not own (profilers, bucket sizes, ...) pass through.
+Nothing here imports deepspeed: it runs in the launching process during validation.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from dataclasses import fields
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from framework.config.errors import ConfigError
+
+AUTO = "auto"
+_MISSING = object()
+
+# parallel.* knobs copied verbatim into zero_optimization.
+ZERO_KNOBS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
+              "allgather_partitions", "allgather_bucket_size", "round_robin_gradients", "sub_group_size",
+              "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+              "stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "stage3_gather_16bit_weights_on_model_save")
+# parallel.* knobs of the fp16 section that the precision group has no word for.
+FP16_KNOBS = ("hysteresis", "min_loss_scale")
+
+# torch optimizer class -> DeepSpeed optimizer type (DeepSpeed's "Adam" is AdamW unless told otherwise).
+DS_OPTIMIZERS = {
+    "torch.optim.AdamW": ("AdamW", {}),
+    "torch.optim.Adam": ("Adam", {"adam_w_mode": False}),
+}
+
+
+def gradient_accumulation(cfg, world_size: int) -> int:
+    t = cfg.trainer
+    return t.global_batch_size // (t.micro_batch_size * world_size)
+
+
+def has_fp16_hardware(cfg) -> bool:
+    import torch
+    return cfg.device != "cpu" and torch.cuda.is_available()
+
+
+def _knob_defaults() -> dict[str, Any]:
+    from framework.strategies.deepspeed import DeepSpeedOptions
+    return {f.name: f.default for f in fields(DeepSpeedOptions)}
+
+
+def optimizer_section(cfg) -> dict | None:
+    """The DeepSpeed "optimizer" section equal to the optimizer group, or None if DeepSpeed has none."""
+    opt = cfg.optimizer
+    if opt._target_ not in DS_OPTIMIZERS:
+        return None
+    ds_type, extra = DS_OPTIMIZERS[opt._target_]
+    params = {"lr": opt.lr, "weight_decay": opt.get("weight_decay", 0.0)}
+    if opt.get("betas") is not None:
+        params["betas"] = list(opt.betas)
+    if opt.get("eps") is not None:
+        params["eps"] = opt.eps
+    return {"type": ds_type, "params": {**params, **extra}}
+
+
+def fp16_scaling(cfg) -> dict:
+    """precision.* dynamic loss scaling in DeepSpeed's words (its scale grows x2, backs off x0.5)."""
+    prec, p = cfg.precision, cfg.parallel
+    return {"loss_scale": 0, "initial_scale_power": int(round(math.log2(prec.init_scale))),
+            "loss_scale_window": prec.growth_interval, **{k: p[k] for k in FP16_KNOBS}}
+
+
+def _offload(cfg, enabled: bool) -> dict:
+    p = cfg.parallel
+    if not enabled:
+        return {"device": "none"}
+    if p.nvme_path:
+        return {"device": "nvme", "nvme_path": p.nvme_path, "pin_memory": p.pin_memory}
+    return {"device": "cpu", "pin_memory": p.pin_memory}
+
+
+def generate(cfg, world_size: int) -> dict:
+    t, p, z, precision = cfg.trainer, cfg.parallel, cfg.zero, cfg.precision.name
+    zero: dict[str, Any] = {"stage": z.stage}
+    zero.update({k: p[k] for k in ZERO_KNOBS if p[k] is not None})
+    if z.stage >= 1:
+        zero["offload_optimizer"] = _offload(cfg, z.offload_optimizer)
+    if z.stage == 3:
+        zero["offload_param"] = _offload(cfg, z.offload_params)
+    ds: dict[str, Any] = {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation(cfg, world_size),
+        "gradient_clipping": t.grad_clip,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", **(fp16_scaling(cfg) if precision == "fp16" else {})},
+        "zero_optimization": zero,
+        # Any torch optimizer may be sharded (DeepSpeed only vouches for its Adam family).
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 1 << 30,   # the trainer logs progress; DeepSpeed need not
+    }
+    if p.use_deepspeed_optimizer:
+        ds["optimizer"] = optimizer_section(cfg)
+    elif z.offload_optimizer:
+        # DeepSpeed refuses a torch optimizer on offloaded states unless told; it steps on the CPU
+        # either way (slower than DeepSpeedCPUAdam, bit-for-bit the torch path).
+        ds["zero_force_ds_cpu_optimizer"] = False
+    return ds
+
+
+def load_user_config(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError("parallel.ds_config", f"no such file: {path}")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError("parallel.ds_config", f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("parallel.ds_config", f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: dict, top: dict, none_deletes: bool = False) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if value is None and none_deletes:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value, none_deletes)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _get(d: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return _MISSING
+        d = d[key]
+    return d
+
+
+def _set(d: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        d = d.setdefault(key, {})
+    d[path[-1]] = value
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b if isinstance(a, bool) and isinstance(b, bool) else False
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, str) and isinstance(b, str):
+        return a.lower() == b.lower()
+    return a == b
+
+
+def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]]:
+    """DeepSpeed key -> (the run's value, the run setting it comes from, as the user would type it)."""
+    t, z = cfg.trainer, cfg.zero
+    gas = generated["gradient_accumulation_steps"]
+    precision = f"precision={cfg.precision.name}"
+    fp16_hint = "" if has_fp16_hardware(cfg) else " (fp16 cannot run on this CPU; precision=bf16 can)"
+    owned = {
+        ("train_batch_size",): (t.global_batch_size, f"trainer.global_batch_size={t.global_batch_size}"),
+        ("train_micro_batch_size_per_gpu",): (t.micro_batch_size, f"trainer.micro_batch_size={t.micro_batch_size}"),
+        ("gradient_accumulation_steps",): (gas, f"{gas} = trainer.global_batch_size {t.global_batch_size} / "
+                                                f"(trainer.micro_batch_size {t.micro_batch_size} x {world_size} ranks)"),
+        ("gradient_clipping",): (t.grad_clip, f"trainer.grad_clip={t.grad_clip}"),
+        ("fp16", "enabled"): (cfg.precision.name == "fp16", precision + fp16_hint),
+        ("bf16", "enabled"): (cfg.precision.name == "bf16", precision),
+        ("zero_optimization", "stage"): (z.stage, f"zero.stage={z.stage}"),
+    }
+    if cfg.precision.name == "fp16":
+        scaling = fp16_scaling(cfg)
+        owned[("fp16", "loss_scale")] = (0, "precision=fp16 (dynamic loss scaling)")
+        owned[("fp16", "initial_scale_power")] = (scaling["initial_scale_power"],
+                                                  f"precision.init_scale={cfg.precision.init_scale}")
+        owned[("fp16", "loss_scale_window")] = (scaling["loss_scale_window"],
+                                                f"precision.growth_interval={cfg.precision.growth_interval}")
+    for key, flag in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
+        device = _get(generated, ("zero_optimization", key, "device"))
+        owned[("zero_optimization", key, "device")] = (
+            "none" if device is _MISSING else device, f"zero.{flag}={str(z[flag]).lower()}")
+    return owned
+
+
+def _check_optimizer(cfg, user: dict, problems: list[str]) -> None:
+    section = user.get("optimizer")
+    if section is None:
+        return
+    if section == AUTO:
+        section = user["optimizer"] = {}
+    expected = optimizer_section(cfg)
+    if expected is None:
+        problems.append(f"optimizer (DeepSpeed's own) contradicts optimizer._target_={cfg.optimizer._target_}, "
+                        f"which DeepSpeed does not build; delete the file's optimizer section")
+        return
+    got_type = section.get("type", AUTO)
+    if got_type != AUTO and not _same(got_type, expected["type"]):
+        problems.append(f"optimizer.type={got_type} contradicts optimizer._target_={cfg.optimizer._target_}")
+    params = section.get("params", {})
+    for key, value in expected["params"].items():
+        got = params.get(key, _MISSING)
+        if got is not _MISSING and got != AUTO and not _same(got, value):
+            problems.append(f"optimizer.params.{key}={got} contradicts optimizer.{key}={value}")
+    user["optimizer"] = {"type": expected["type"],
+                         "params": {**params, **expected["params"]}}
+
+
+def _autos(d, prefix=()) -> list[tuple[str, ...]]:
+    if d == AUTO:
+        return [prefix]
+    if isinstance(d, dict):
+        return [p for k, v in d.items() for p in _autos(v, (*prefix, k))]
+    return []
+
+
+def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) -> dict:
+    """`generated` with the user's keys laid on top; raises ConfigError listing every contradiction."""
+    user = copy.deepcopy(user)
+    problems: list[str] = []
+    for path, (value, setting) in _owned(cfg, world_size, generated).items():
+        got = _get(user, path)
+        if got is _MISSING:
+            continue
+        if got == AUTO:
+            _set(user, path, value)
+        elif not _same(got, value):
+            problems.append(f"{'.'.join(path)}={json.dumps(got)} contradicts {setting}")
+    defaults, p = _knob_defaults(), cfg.parallel
+    knob_paths = {k: ("zero_optimization", k) for k in ZERO_KNOBS}
+    knob_paths.update({k: ("fp16", k) for k in FP16_KNOBS})
+    for knob, path in knob_paths.items():
+        got = _get(user, path)
+        if got == AUTO:
+            _set(user, path, p[knob] if knob in ZERO_KNOBS or cfg.precision.name == "fp16" else defaults[knob])
+        elif got is not _MISSING and p[knob] != defaults[knob] and not _same(got, p[knob]):
+            problems.append(f"{'.'.join(path)}={json.dumps(got)} contradicts parallel.{knob}={p[knob]}")
+    if "scheduler" in user:
+        problems.append(f"scheduler ({_get(user, ('scheduler', 'type'))}) would replace the LR schedule, which "
+                        f"comes from scheduler={cfg.scheduler.name} (scheduler.warmup_steps, "
+                        f"scheduler.min_lr_ratio); delete the file's scheduler section")
+    _check_optimizer(cfg, user, problems)
+    problems += [f'{".".join(path)}="auto" has no run setting to fill it; give a value' for path in _autos(user)]
+    if problems:
+        raise ConfigError(source, "; ".join(problems) + ' (set run-owned keys to "auto" or remove them: '
+                                                        "the run's config groups are the source of truth)")
+    merged = deep_merge(generated, user)
+    if "optimizer" in merged:
+        merged.pop("zero_force_ds_cpu_optimizer", None)
+    return merged
+
+
+def resolve(cfg, world_size: int) -> dict:
+    generated = generate(cfg, world_size)
+    p = cfg.parallel
+    overrides = OmegaConf.to_container(p.overrides, resolve=True) if p.overrides else {}
+    user = load_user_config(p.ds_config) if p.ds_config else {}
+    if not user and not overrides:
+        return generated
+    source = f"parallel.ds_config ({p.ds_config})" if p.ds_config else "parallel.overrides"
+    if p.ds_config and overrides:
+        source = f"parallel.ds_config ({p.ds_config}) with parallel.overrides"
+    # A null in parallel.overrides deletes that key of the file (e.g. its scheduler section).
+    resolved = reconcile(cfg, world_size, generated, deep_merge(user, overrides, none_deletes=True), source)
+    if _get(resolved, ("fp16", "enabled")) is True and not has_fp16_hardware(cfg):
+        raise ConfigError(source, "fp16.enabled=true cannot run here: DeepSpeed's CPU accelerator has no fp16; "
+                                  "use precision=bf16 and set fp16.enabled to \"auto\"")
+    return resolved
+
+
+def write(ds: dict, run_dir: str) -> str:
+    path = os.path.join(run_dir, "ds_config.json")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(ds, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    return path

@@ -1,0 +1,130 @@
+"""parallel=deepspeed end to end: real DeepSpeed on its CPU accelerator, 2 workers over gloo.
+
+FAST gives global batch 8 and micro batch 2, so 2 workers accumulate 2 micro-batches per step.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework
+
+FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
+TOL, OFFLOAD_TOL = 1e-5, 1e-4
+
+RUNS = {
+    "none": ["zero=none"],
+    "stage1": ["zero=stage1"],
+    "stage2": ["zero=stage2", f"parallel.ds_config={FIXTURES / 'good.json'}"],
+    # Threshold 0: every parameter is partitioned (by default tiny ones stay whole on each rank).
+    "stage3": ["zero=stage3", "parallel.stage3_param_persistence_threshold=0", "activation_checkpointing=full"],
+    "offload": ["zero=stage2", "zero.offload_optimizer=true", f"parallel.ds_config={FIXTURES / 'auto.json'}"],
+}
+_runs: dict[str, object] = {}
+
+
+@pytest.fixture(scope="module")
+def ds_run(tmp_path_factory):
+    """Run dir of a 2-worker DeepSpeed job per RUNS entry, each run once per session."""
+    def get(name: str):
+        if name not in _runs:
+            run_dir = tmp_path_factory.mktemp(f"ds_{name}")
+            check_ok(run_framework([*FAST, "parallel=deepspeed", "launcher.nproc_per_node=2", *RUNS[name]], run_dir))
+            _runs[name] = run_dir
+        return _runs[name]
+    return get
+
+
+@pytest.mark.parametrize("name", ["none", "stage1", "stage2", "stage3"])
+def test_fp32_loss_parity_with_single(ds_run, single_reference, name):
+    got = losses(ds_run(name))
+    assert len(got) == 8
+    assert max_rel_diff(single_reference(), got) <= TOL
+
+
+def test_optimizer_offload_parity_with_single(ds_run, single_reference):
+    run_dir = ds_run("offload")
+    assert max_rel_diff(single_reference(), losses(run_dir)) <= OFFLOAD_TOL
+    # The "auto" file was filled from the run.
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert (ds["train_batch_size"], ds["gradient_accumulation_steps"]) == (8, 2)
+    assert "auto" not in json.dumps(ds)
+
+
+def test_written_config_matches_the_run(ds_run):
+    run_dir = ds_run("stage1")
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    world = 2
+    assert ds["train_batch_size"] == 8 == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * world
+    assert (ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (2, 2)
+    assert ds["zero_optimization"]["stage"] == 1 and ds["gradient_clipping"] == 1.0
+    assert ds["bf16"]["enabled"] is False and ds["fp16"]["enabled"] is False
+    # The good file's own knob reached DeepSpeed.
+    ds2 = json.loads((ds_run("stage2") / "ds_config.json").read_text())
+    assert ds2["zero_optimization"]["reduce_bucket_size"] == 2000000 and ds2["wall_clock_breakdown"] is False
+
+
+def test_per_rank_memory_shrinks_with_the_stage(ds_run):
+    mem = {name: read_metrics(ds_run(name))[-1] for name in ("none", "stage1", "stage2", "stage3")}
+    opt = {k: m["optim_state_bytes"] for k, m in mem.items()}
+    params = {k: m["param_bytes"] for k, m in mem.items()}
+    grads = {k: m["grad_bytes"] for k, m in mem.items()}
+    master = {k: m["master_param_bytes"] for k, m in mem.items()}
+    half = pytest.approx(params["none"] / 2, rel=0.01)        # 1/N of the model, N=2 (plus a little padding)
+    # ZeRO-1/2/3 keep 1/N of AdamW's two moments per rank.
+    assert opt["none"] == pytest.approx(2 * params["none"], rel=0.01), opt
+    for stage in ("stage1", "stage2", "stage3"):
+        assert opt[stage] == pytest.approx(opt["none"] / 2, rel=0.01), opt
+    # ZeRO-1/2 step an fp32 copy of their partition; ZeRO-3 in fp32 steps the parameter partition itself.
+    assert master["none"] == 0 and master["stage1"] == half and master["stage2"] == half, master
+    assert master["stage3"] == 0, master
+    # Stage 2 also partitions gradients; stage 3 also parameters.
+    assert grads["none"] == params["none"] and grads["stage2"] == half, grads
+    assert params["stage1"] == params["stage2"] == params["none"] and params["stage3"] == half, params
+
+
+def test_bf16_runs_and_learns_on_the_default_corpus(tmp_path, single_reference):
+    run_dir = tmp_path / "bf16"
+    check_ok(run_framework([*FAST, "parallel=deepspeed", "zero=stage2", "precision=bf16"], run_dir))
+    got = losses(run_dir)
+    assert len(got) == 8 and all(x == x for x in got)
+    assert got[-1] < got[0] - 0.3, got
+    assert max_rel_diff(single_reference(), got) <= 2e-2       # bf16 rounding, same trajectory
+    assert json.loads((run_dir / "ds_config.json").read_text())["bf16"]["enabled"] is True
+
+
+def test_engine_checkpoint_round_trip_and_fp32_export(tmp_path):
+    args = [*FAST[:5], "optimizer.lr=3e-3", "scheduler.warmup_steps=2", "parallel=deepspeed", "zero=stage3",
+            "parallel.stage3_param_persistence_threshold=0"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(FIXTURES / "checkpoint_roundtrip.py"), str(tmp_path), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    check_ok(proc)
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert out["a"] == out["b"]                                   # loss, lr and grad norm after load
+    assert out["keys"] == out["plain_keys"] and out["dtypes"] == ["torch.float32"]
+    assert out["plain_loss"] == pytest.approx(out["engine_loss"], rel=1e-6)
+    assert any("optim_states" in f for f in out["files"])
+
+
+def _rejected(tmp_path, args):
+    run_dir = tmp_path / "run"
+    proc = run_framework([*FAST, "parallel=deepspeed", *args], run_dir, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+    return proc.stderr
+
+
+def test_contradicting_file_exits_2_naming_both_values(tmp_path):
+    err = _rejected(tmp_path, [f"parallel.ds_config={FIXTURES / 'contradicting.json'}"])
+    assert "train_batch_size=16 contradicts trainer.global_batch_size=8" in err
+
+
+def test_seed_example_fails_clearly_on_cpu(tmp_path):
+    err = _rejected(tmp_path, [f"parallel.ds_config={FIXTURES / 'seed_ds_config.json'}"])
+    assert err.startswith("error: parallel.ds_config") and len(err.strip().splitlines()) == 1
+    assert "fp16.enabled=true contradicts precision=fp32 (fp16 cannot run on this CPU; precision=bf16 can)" in err
+    assert "train_batch_size=256 contradicts trainer.global_batch_size=8" in err
