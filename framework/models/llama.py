@@ -101,7 +101,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos[:seq], sin[:seq]), apply_rope(k, cos[:seq], sin[:seq])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
@@ -145,7 +145,8 @@ class Llama(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        cos, sin = rope_tables(self.args.head_dim, h.shape[1], self.args.rope_theta, device=h.device)
+        # Tables for every position: under sequence parallelism h holds only a slice of the sequence.
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:

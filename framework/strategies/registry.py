@@ -8,13 +8,13 @@ from framework.config.errors import ConfigError
 STRATEGIES: dict[str, str] = {
     "single": "framework.strategies.single:SingleDeviceStrategy",
     "ddp": "framework.strategies.ddp:DDPStrategy",
+    "3d": "framework.strategies.parallel3d:Parallel3DStrategy",
     "deepspeed": "framework.strategies.deepspeed:DeepSpeedStrategy",
     "fsdp": "framework.strategies.fsdp:FSDPStrategy",
 }
 
 # Named in the design, not built yet: selecting one says so instead of failing obscurely.
 PLANNED: dict[str, str] = {
-    "3d": "tensor x pipeline x data parallelism",
 }
 
 

@@ -1,0 +1,90 @@
+"""Pipeline parallelism with torch.distributed.pipelining: which stages a rank holds, the schedule,
+and the rules a schedule puts on stages and micro-batches (checked before any worker starts).
+
+A model is cut into pp x pp_virtual_stages stages. Single-stage schedules (GPipe, 1F1B) give each
+rank one; looped schedules give rank r the stages r, r + pp, ...; V-shaped ones (ZBVZeroBubble,
+DualPipeV) give rank r the stages r and 2pp - 1 - r, so rank 0 holds both the first and the last.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed import ProcessGroup
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (PipelineScheduleSingle, ScheduleDualPipeV,
+                                                    ScheduleZBVZeroBubble, get_schedule_class)
+
+from framework.config.errors import ConfigError
+
+SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+V_SHAPED = (ScheduleZBVZeroBubble, ScheduleDualPipeV)
+#: schedules that run out of work to overlap (and refuse to start) with fewer micro-batches than ranks
+NEED_MICROBATCHES_PER_RANK = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+
+
+def canonical_name(name: str) -> str:
+    """Schedule names are case-insensitive, as in torch."""
+    names = {s.lower(): s for s in SCHEDULES}
+    if name.lower() not in names:
+        raise ConfigError("parallel.pp_schedule", f"unknown schedule {name!r}; use one of {', '.join(SCHEDULES)}")
+    return names[name.lower()]
+
+
+def schedule_class(name: str) -> type:
+    return get_schedule_class(canonical_name(name))
+
+
+def stage_ids(pp_rank: int, pp: int, virtual: int, schedule: type) -> list[int]:
+    if issubclass(schedule, V_SHAPED):
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(virtual)]
+
+
+def min_microbatches(name: str, pp: int, virtual: int) -> int:
+    name = canonical_name(name)
+    if name == "DualPipeV":
+        return pp * virtual
+    return pp if name in NEED_MICROBATCHES_PER_RANK else 1
+
+
+def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatches: int) -> None:
+    """Schedule, stage and micro-batch rules, with the numbers."""
+    cls = schedule_class(name)
+    if virtual < 1:
+        raise ConfigError("parallel.pp_virtual_stages", f"must be at least 1, got {virtual}")
+    if issubclass(cls, PipelineScheduleSingle) and virtual != 1:
+        raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} runs one stage per rank, got "
+                                                        f"{virtual}; use Interleaved1F1B, LoopedBFS or "
+                                                        f"InterleavedZeroBubble for virtual stages")
+    if issubclass(cls, V_SHAPED) and virtual != 2:
+        raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} places exactly 2 stages per rank "
+                                                        f"(V shape), got {virtual}")
+    stages = pp * virtual
+    if n_layers % stages:
+        raise ConfigError("model.n_layers", f"{n_layers} layers do not divide into pp x pp_virtual_stages = "
+                                            f"{pp} x {virtual} = {stages} equal stages")
+    need = min_microbatches(name, pp, virtual)
+    if microbatches < need:
+        raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} needs at least {need} micro-batches "
+                                                      f"with pp={pp}, got {microbatches}")
+    if not issubclass(cls, PipelineScheduleSingle):
+        rounds = max(1, microbatches // pp)
+        if microbatches % rounds:
+            raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} runs micro-batches in rounds of "
+                                                          f"pp={pp}: {microbatches} is not a multiple of "
+                                                          f"{rounds} rounds; use a multiple of {pp}")
+
+
+def build_schedule(name: str, modules: list[nn.Module], ids: list[int], num_stages: int, microbatches: int,
+                   loss_fn: Callable, group: ProcessGroup, device: torch.device):
+    """PipelineStages for this rank's stage modules and the schedule that drives them.
+
+    Loss is the per-micro-batch mean; the schedule scales gradients by 1/microbatches so they are
+    those of the mean over the rank's whole batch."""
+    stages = [PipelineStage(m, i, num_stages, device, group=group) for m, i in zip(modules, ids)]
+    cls = schedule_class(name)
+    if issubclass(cls, PipelineScheduleSingle):
+        return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    return cls(stages, n_microbatches=microbatches, loss_fn=loss_fn)

@@ -1,0 +1,292 @@
+"""3D parallelism: tensor x pipeline x data parallel on one named DeviceMesh.
+
+Build order (as torch's composable APIs expect): split into pipeline stages, then per stage
+tensor parallel -> activation checkpointing -> FSDP2 over the data-parallel dims. The model is
+created on the meta device; each rank then materializes only its own stages' shards, computed
+from the same per-parameter seeds as a single-process run.
+
+Batches: each data-parallel rank (every tp rank of it sees the same batch) takes
+global_batch_size / dp sequences per step. Without pipelining they run as micro-batches of
+trainer.micro_batch_size, capped at that share. With pipelining the share is cut into
+parallel.pp_microbatches pipeline micro-batches (null: share / micro_batch_size, at least what the
+schedule needs). zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
+data-parallel rank a full replica (HSDP with shard size 1); stage1 is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from framework.config.errors import ConfigError
+from framework.config.schema import ParallelConfig
+from framework.models.llama import init_weights
+from framework.models.llama_parallelize import pipeline_stage, tensor_parallel_plan
+from framework.parallel.activation_checkpointing import apply_activation_checkpointing
+from framework.parallel.fsdp import apply_fsdp
+from framework.parallel.mesh import ParallelDims
+from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
+    validate_pipeline
+from framework.parallel.tensor_parallel import apply_tensor_parallel
+from framework.strategies.base import TorchStrategy, ZERO_NAMES
+
+LLAMA_TARGET = "framework.models.llama.Llama"
+
+
+@dataclass
+class Parallel3DOptions(ParallelConfig):
+    name: str = "3d"
+    tp: int = 2
+    pp: int = 2
+    dp_shard: int = -1
+    #: processes to spawn when a degree is -1 and neither torchrun nor launcher.nproc_per_node sets the world
+    default_world_size: int = 8
+
+
+class Parallel3DStrategy(TorchStrategy):
+    name = "3d"
+    options = Parallel3DOptions
+    zero_support = {0: None, 2: None, 3: None,
+                    1: "FSDP2 shards gradients together with optimizer states: use zero=stage2, "
+                       "or parallel=ddp zero=stage1"}
+    activation_checkpointing = ("none", "full", "selective")
+
+    # ---- before any worker exists -------------------------------------------------------
+    @classmethod
+    def default_world_size(cls, cfg) -> int:
+        p = cfg.parallel
+        if -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp):
+            return p.default_world_size
+        return ParallelDims.default_world_size(p)
+
+    @classmethod
+    def data_parallel_size(cls, cfg, world_size: int) -> int:
+        # Only the generic check global % (micro x dp) == 0 reads this. Here micro_batch_size is capped
+        # at a rank's share; when it is capped, validate() has checked the rule and one rank's worth passes.
+        dp = ParallelDims.from_config(cfg.parallel, world_size).dp
+        t = cfg.trainer
+        return dp if t.micro_batch_size * dp <= t.global_batch_size else max(1, t.global_batch_size // t.micro_batch_size)
+
+    @classmethod
+    def validate(cls, cfg, world_size: int) -> None:
+        p, t, model = cfg.parallel, cfg.trainer, cfg.model
+        stage = cfg.zero.stage
+        if cls.zero_support.get(stage, "") is not None:
+            raise ConfigError("zero", f"parallel=3d does not do zero={ZERO_NAMES.get(stage, stage)}; "
+                                      f"{cls.zero_support.get(stage, 'use none, stage2 or stage3')}")
+        if cfg.zero.offload_optimizer or cfg.zero.offload_params:
+            raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
+                                      "and parameters, parallel=fsdp offloads parameters")
+        if cfg.precision.name not in cls.precisions:
+            raise ConfigError("precision", f"parallel=3d supports precision={', '.join(cls.precisions)} so far, "
+                                           f"not {cfg.precision.name}")
+        if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
+            raise ConfigError("activation_checkpointing",
+                              f"unknown mode {cfg.activation_checkpointing.mode!r}")
+        if model.get("_target_") != LLAMA_TARGET:
+            raise ConfigError("model._target_", f"parallel=3d has a tensor-parallel plan and pipeline split for "
+                                                f"{LLAMA_TARGET} only, not {model.get('_target_')}")
+        if p.default_world_size <= 0:
+            raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
+        dims = ParallelDims.from_config(p, world_size)
+        kv_heads = model.n_kv_heads or model.n_heads
+        for key, heads in (("model.n_heads", model.n_heads), ("model.n_kv_heads", kv_heads)):
+            if heads % dims.tp:
+                raise ConfigError(key, f"{heads} attention heads do not divide among parallel.tp={dims.tp} ranks")
+        if model.tie_embeddings and (dims.tp > 1 or dims.pp > 1):
+            raise ConfigError("model.tie_embeddings", "tied embeddings cannot be split across tensor or pipeline "
+                                                      "ranks; set it false for parallel=3d with tp or pp > 1")
+        if p.sequence_parallel and cfg.data.seq_len % dims.tp:
+            raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
+                                              f"parallel.tp={dims.tp} ranks: not divisible")
+        if t.global_batch_size % dims.dp:
+            raise ConfigError("trainer.global_batch_size", f"{t.global_batch_size} sequences do not divide among "
+                                                           f"dp_replicate x dp_shard = {dims.dp} data-parallel ranks")
+        share = t.global_batch_size // dims.dp
+        if t.micro_batch_size > share and t.global_batch_size % t.micro_batch_size:
+            raise ConfigError("trainer.micro_batch_size", f"{t.micro_batch_size} exceeds a data-parallel rank's share "
+                                                          f"of {share} sequences ({t.global_batch_size} / dp "
+                                                          f"{dims.dp}); use at most {share}")
+        if dims.pp > 1:
+            microbatches = cls.pipeline_microbatches(cfg, dims)
+            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, model.n_layers, microbatches)
+            if share % microbatches:
+                raise ConfigError("parallel.pp_microbatches", f"a data-parallel rank's {share} sequences "
+                                                              f"({t.global_batch_size} / dp {dims.dp}) do not split "
+                                                              f"into {microbatches} equal pipeline micro-batches")
+        else:
+            schedule_class(p.pp_schedule)
+
+    @classmethod
+    def pipeline_microbatches(cls, cfg, dims: ParallelDims) -> int:
+        p, t = cfg.parallel, cfg.trainer
+        if p.pp_microbatches is not None:
+            if p.pp_microbatches <= 0:
+                raise ConfigError("parallel.pp_microbatches", f"must be positive, got {p.pp_microbatches}")
+            return p.pp_microbatches
+        share = t.global_batch_size // dims.dp
+        return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
+
+    # ---- inside a worker ----------------------------------------------------------------
+    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+        cfg = self.cfg
+        self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
+        # zero=none: all data-parallel ranks replicate; the flattened data rank is the same either way.
+        mesh_dims = self.dims.replicate_only() if cfg.zero.stage == 0 else self.dims
+        self.mesh = mesh_dims.build_mesh(self.device.type)
+        self.pp_rank = self.mesh.pp.get_local_rank()
+
+        with torch.device("meta"):
+            full = build_model()
+        if self.dims.pp > 1:
+            schedule = schedule_class(cfg.parallel.pp_schedule)
+            self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages, schedule)
+            self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
+            modules = [pipeline_stage(full, i, self.num_stages) for i in self.stage_ids]
+        else:
+            self.stage_ids, self.num_stages, modules = [0], 1, [full]
+        for module in modules:
+            self._parallelize(module, mesh_dims)
+            self._materialize(module)
+        self.stages = modules
+        self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+
+        self.schedule = None
+        if self.dims.pp > 1:
+            self.schedule = build_schedule(cfg.parallel.pp_schedule, modules, self.stage_ids, self.num_stages,
+                                           self.pipeline_microbatches(cfg, self.dims),
+                                           lambda output, target: self._loss_fn(output, target),
+                                           self.mesh.pp.get_group(), self.device)
+        self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
+        self.scheduler = build_scheduler(self.optimizer)
+
+    def _parallelize(self, module: nn.Module, mesh_dims: ParallelDims) -> None:
+        cfg = self.cfg
+        apply_tensor_parallel(module, self.mesh.tp,
+                              tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
+        ac = cfg.activation_checkpointing
+        block_classes = tuple(ac.get("block_classes") or ())
+        if ac.mode != "none":
+            apply_activation_checkpointing(module, ac, block_classes)
+        if mesh_dims.dp > 1:
+            apply_fsdp(module, self.mesh.fsdp,
+                       reshard_after_forward=cfg.zero.stage == 3, block_classes=block_classes)
+
+    @torch.no_grad()
+    def _materialize(self, module: nn.Module) -> None:
+        """Allocate this rank's shards and fill each with its slice of the seeded full parameter."""
+        module.to_empty(device=self.device)
+        for name, param in module.named_parameters():
+            full = torch.empty(param.shape, dtype=torch.float32)
+            init_weights(_OneParameter(module.args, name, full), self.cfg.seed)
+            if isinstance(param, DTensor):
+                shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
+                                                                      param.placements)
+                full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+                param = param.to_local()
+            param.copy_(full)
+
+    def teardown(self) -> None:
+        # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
+        self.stages = self.schedule = None
+        super().teardown()
+
+    # ---- data ---------------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.dp.get_local_rank()
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def holds_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def holds_last(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    @property
+    def needs_batches(self) -> bool:
+        return self.holds_first or self.holds_last
+
+    def unwrapped_model(self) -> nn.Module:
+        return self.stages[0]
+
+    # ---- step ---------------------------------------------------------------------------
+    def accumulation_context(self, is_last: bool):
+        if hasattr(self.model, "set_requires_gradient_sync"):
+            self.model.set_requires_gradient_sync(is_last)
+        return contextlib.nullcontext()
+
+    def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        if self.schedule is None:
+            return super().forward_backward(micro_batches, loss_fn)
+        self.model.train()
+        return self._run_pipeline(micro_batches, loss_fn, train=True)
+
+    @torch.no_grad()
+    def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
+        if self.schedule is None:
+            return super().eval_loss(micro_batches, loss_fn)
+        self.model.eval()
+        return self._run_pipeline(micro_batches, loss_fn, train=False)
+
+    def _run_pipeline(self, micro_batches, loss_fn, train: bool) -> torch.Tensor:
+        """One pass of this rank's share through the pipeline; the mean loss, on every rank."""
+        self._loss_fn = loss_fn
+        args, kwargs, losses = (), {}, []
+        if micro_batches:
+            inputs, targets = (torch.cat(parts).to(self.device) for parts in zip(*micro_batches))
+            if self.holds_first:
+                args = (inputs,)
+            if self.holds_last:
+                kwargs = {"target": targets, "losses": losses}
+        if train:
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        else:
+            self.schedule.eval(*args, **kwargs)
+        local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)
+        # The last stage's (dp x tp) ranks hold the loss (tp ranks alike): their mean is the global mean.
+        total = local.detach().clone()
+        dist.all_reduce(total)
+        return total / (self.dims.dp * self.dims.tp)
+
+    def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
+        """Norm over all parameters of the model: sharded pieces (tp, dp) by DTensor, stages (pp) summed."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        groups: dict = {}
+        for g in grads:
+            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+            groups.setdefault(key, []).append(g)
+        squares = torch.zeros((), dtype=torch.float32, device=self.device)
+        for group in groups.values():
+            norm = torch.nn.utils.get_total_norm(group)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            squares += norm.float() ** 2
+        if self.dims.pp > 1:
+            dist.all_reduce(squares, group=self.mesh.pp.get_group())
+        total = squares.sqrt()
+        if max_grad_norm > 0:
+            coef = float(torch.clamp(max_grad_norm / (total + 1e-6), max=1.0))
+            for g in grads:
+                g.mul_(coef)
+        return total
+
+
+class _OneParameter:
+    """What init_weights needs to fill one full-size parameter by name: the model args and the tensor."""
+
+    def __init__(self, args, name: str, tensor: torch.Tensor):
+        self.args, self._named = args, (name, tensor)
+
+    def named_parameters(self):
+        yield self._named
