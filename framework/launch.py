@@ -71,7 +71,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
     try:
         strategy_cls = strategy_class(cfg.parallel.name)
         world_size = world_size_for(cfg, strategy_cls)
-        validate(cfg, world_size, strategy_cls)
+        validate(cfg, world_size, strategy_cls, run_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         _remove_if_only_hydra_files(run_dir)

@@ -1,15 +1,17 @@
 """The training loop. It knows the config and the Strategy interface, never which strategy runs."""
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
-from framework.metrics.logger import MetricsLogger
+from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import peak_memory_gb
 from framework.metrics.mfu import mfu, peak_flops
 from framework.models.llama import Llama, init_weights
@@ -58,22 +60,35 @@ class Trainer:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
         s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
+        checkpoints = CheckpointManager(cfg, self.run_dir, s)
+        resume = resolve_resume(cfg, self.run_dir)
+        if resume:
+            self.step = checkpoints.load(resume)
+            if s.is_main:
+                truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(s.device, cfg.logging)
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         try:
-            while self.step < t.max_steps:
+            last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
+            while self.step < last_step:
                 start = time.perf_counter()
-                loss = s.forward_backward(self._local_micro_batches(self.train_data, self.step), cross_entropy)
+                loss = float(s.forward_backward(self._local_micro_batches(self.train_data, self.step), cross_entropy))
                 lr = s.current_lr()
-                grad_norm = s.optimizer_step(t.grad_clip)
-                loss = float(loss)
+                if math.isfinite(loss):
+                    grad_norm = s.optimizer_step(t.grad_clip)
+                elif t.on_nonfinite == "skip":
+                    s.discard_gradients()
+                    grad_norm = float("nan")
+                else:
+                    raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; "
+                                             f"trainer.on_nonfinite=skip would skip such steps")
                 elapsed = time.perf_counter() - start
                 self.step += 1
                 logger.advance()
-                is_last = self.step == t.max_steps
+                is_last = self.step == last_step
                 do_eval = t.eval_every and (self.step % t.eval_every == 0 or is_last)
                 if do_eval or is_last or self.step == 1 or self.step % t.log_every == 0:
                     tokens_per_sec = tokens_per_step / elapsed
@@ -88,5 +103,7 @@ class Trainer:
                     if do_eval:
                         record["val_loss"] = self.evaluate()
                     logger.log(record)
+                if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
+                    checkpoints.save(self.step)
         finally:
             logger.close()

@@ -107,16 +107,19 @@ class TrainerConfig:
     eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
     eval_batches: int = 4
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
+    stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
+    on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does
     progress_bar: bool = True
 
 
 @dataclass
 class CheckpointConfig:
+    enabled: bool = True                # save at the end, and every `interval` steps if > 0
     dir: Optional[str] = None           # default: <run dir>/checkpoints
-    interval: int = 0                   # 0 = only at the end (when enabled)
-    save: bool = False
-    resume: Optional[str] = None        # null | auto | <path>
+    interval: int = 0
+    resume: Optional[str] = None        # null | auto (newest complete in dir) | <path of a step dir>
     keep_last: int = 2
+    initial_load: Optional[str] = None  # a dir of HF-layout safetensors to start the weights from
 
 
 @dataclass

@@ -4,12 +4,16 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 """
 from __future__ import annotations
 
+import glob
 import os
 
 import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible,
+                                         resolve_resume)
+from framework.checkpoint.safety import UnsafeCheckpointError, check_dcp_metadata, load_tensors_only
 from framework.config.errors import ConfigError
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
 from framework.optim.schedulers import SCHEDULES
@@ -107,7 +111,35 @@ def validate_batch(cfg, dp_size: int) -> None:
                           f"= {t.micro_batch_size} x {dp_size} = {per_step}")
 
 
-def validate(cfg, world_size: int, strategy_cls) -> None:
+def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
+    c, t = cfg.checkpoint, cfg.trainer
+    if t.on_nonfinite not in ("abort", "skip"):
+        raise ConfigError("trainer.on_nonfinite", f"unknown policy {t.on_nonfinite!r}; use abort or skip")
+    if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
+        raise ConfigError("trainer.stop_at_step", f"must be in 1..trainer.max_steps={t.max_steps}, got {t.stop_at_step}")
+    if c.resume not in (None, "auto") and not os.path.isdir(c.resume):
+        raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
+    if c.initial_load is not None and not os.path.isdir(c.initial_load):
+        raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    if run_dir is None:
+        return
+    path = resolve_resume(cfg, run_dir)
+    if path is None:
+        return
+    try:
+        meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
+        if meta["format"] == "dcp":
+            check_dcp_metadata(os.path.join(path, STATE))
+        for rng_file in glob.glob(os.path.join(path, RNG, "*.pt")):
+            load_tensors_only(rng_file)
+    except (CheckpointError, UnsafeCheckpointError) as e:
+        raise ConfigError("checkpoint.resume", str(e)) from None
+    if meta["step"] >= t.max_steps:
+        raise ConfigError("checkpoint.resume", f"{path} is at step {meta['step']}, not before "
+                                               f"trainer.max_steps={t.max_steps}; raise trainer.max_steps")
+
+
+def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> None:
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
@@ -134,6 +166,7 @@ def validate(cfg, world_size: int, strategy_cls) -> None:
         raise ConfigError("activation_checkpointing.mode",
                           f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
     validate_data_files(cfg)
+    validate_checkpoint(cfg, strategy_cls, run_dir)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
     validate_batch(cfg, strategy_cls.data_parallel_size(cfg, world_size))

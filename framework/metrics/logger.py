@@ -46,3 +46,16 @@ class MetricsLogger:
         if self.writer is not None:
             self.writer.close()
         self.file.close()
+
+
+def truncate_metrics(run_dir: str, after_step: int) -> None:
+    """On resume, drop records a crashed attempt logged past the checkpoint, so each step appears once."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= after_step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from framework.checkpoint import dcp_state
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
@@ -25,6 +26,7 @@ ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 
 class Strategy:
     name = "base"
+    checkpoint_format = "none"   #: what save_checkpoint writes; a checkpoint loads only into the same format
     options = ParallelConfig  #: the schema of parallel.* for this strategy
     #: zero stage -> None if supported, else the strategies that support it (for the error message)
     zero_support: dict[int, str | None] = {0: None}
@@ -139,6 +141,9 @@ class Strategy:
         """Consolidated fp32 weights with the unwrapped model's names, on the main rank (None elsewhere)."""
         raise NotImplementedError(f"parallel={self.name} cannot export weights yet")
 
+    def discard_gradients(self) -> None:
+        raise NotImplementedError(f"parallel={self.name} cannot skip a step")
+
     def step_metrics(self) -> dict:
         """Extra numbers for the metrics record of the last step (e.g. loss scale, skipped steps)."""
         return {}
@@ -223,6 +228,24 @@ class TorchStrategy(Strategy):
 
     def step_metrics(self) -> dict:
         return self.precision.metrics()
+
+    checkpoint_format = "dcp"
+
+    def discard_gradients(self) -> None:
+        """Skip this step's update (a non-finite loss under trainer.on_nonfinite=skip); the LR schedule
+        still advances so it stays aligned with the step count."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+
+    def checkpoint_optimizer(self):
+        """The optimizer whose state is saved: the one holding this rank's states."""
+        return self.optimizer
+
+    def save_checkpoint(self, path: str) -> None:
+        dcp_state.save(path, self.model, self.checkpoint_optimizer(), self.scheduler, self.precision)
+
+    def load_checkpoint(self, path: str) -> None:
+        dcp_state.load(path, self.model, self.checkpoint_optimizer(), self.scheduler, self.precision)
 
     def _to_device(self, batch):
         return (t.to(self.device, non_blocking=True) for t in batch)

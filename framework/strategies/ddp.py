@@ -92,6 +92,12 @@ class DDPStrategy(TorchStrategy):
     def unwrapped_model(self):
         return self.model.module
 
+    def checkpoint_optimizer(self):
+        # ZeRO-1: each rank saves and loads the states of the parameters it owns, by name.
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            return self.optimizer.optim
+        return self.optimizer
+
     def optimizer_states(self):
         if isinstance(self.optimizer, ZeroRedundancyOptimizer):
             return self.optimizer.optim.state.values()

@@ -1,0 +1,215 @@
+"""Step directories on disk: atomic saves, newest-complete lookup, pruning, compatibility checks.
+
+    <checkpoint.dir>/step_00000008/
+        meta.json         written last: its presence marks the checkpoint complete
+        config.yaml       the resolved config of the run that saved it
+        trainer.json      step (= data position: batches depend only on seed and step)
+        state/            the strategy's own state (DCP shards, or DeepSpeed's engine files)
+        rng/rank_00000.pt RNG states per rank (tensors only)
+
+A save goes to `.step_00000008.partial/` and is renamed into place by rank 0 after every rank
+finished writing, so a crash mid-save leaves only a `.partial` dir that lookups ignore, and the
+previous checkpoint is never touched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from framework.checkpoint.safety import load_tensors_only
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+META, TRAINER, CONFIG, STATE, RNG = "meta.json", "trainer.json", "config.yaml", "state", "rng"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used by this run; reported as a configuration error."""
+
+
+def checkpoint_dir(cfg, run_dir: str) -> str:
+    return cfg.checkpoint.dir or os.path.join(run_dir, "checkpoints")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(root: str) -> list[str]:
+    """Complete checkpoints under root, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = [(int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name))
+             and os.path.isfile(os.path.join(root, name, META))]
+    return [os.path.join(root, name) for _, name in sorted(found)]
+
+
+def fingerprint(cfg) -> dict:
+    """What a checkpoint must agree on with the run that loads it (the layout may differ)."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    return {"model": model, "optimizer": cfg.optimizer._target_, "vocab_size": cfg.data.vocab_size}
+
+
+def read_meta(path: str) -> dict:
+    try:
+        with open(os.path.join(path, META)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {META})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}/{META} is corrupt ({e.msg})") from None
+
+
+def check_compatible(path: str, cfg, strategy_format: str) -> dict:
+    """Refuse a checkpoint this run cannot continue from, naming the first difference."""
+    meta = read_meta(path)
+    if meta.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format version {meta.get('version')}, "
+                              f"this framework reads {FORMAT_VERSION}")
+    if meta["format"] != strategy_format:
+        raise CheckpointError(f"{path} holds {meta['format']} state (saved by parallel={meta['parallel']}); "
+                              f"to move weights across, export it with `python -m framework.export` and start "
+                              f"with checkpoint.initial_load")
+    saved, now = meta["fingerprint"], fingerprint(cfg)
+    for key in now:
+        if saved.get(key) != now[key]:
+            if key == "model":
+                diff = sorted(k for k in set(saved[key]) | set(now[key]) if saved[key].get(k) != now[key].get(k))
+                detail = ", ".join(f"model.{k}: saved {saved[key].get(k)} vs now {now[key].get(k)}" for k in diff)
+            else:
+                detail = f"saved {saved.get(key)} vs now {now[key]}"
+            raise CheckpointError(f"{path} was saved for a different {key} ({detail})")
+    state = os.path.join(path, STATE)
+    if not os.path.isdir(state) or not os.listdir(state):
+        raise CheckpointError(f"{path} has no {STATE}/ data")
+    return meta
+
+
+def resolve_resume(cfg, run_dir: str) -> str | None:
+    """checkpoint.resume: null -> None; auto -> newest complete (or None); a path -> that path."""
+    resume = cfg.checkpoint.resume
+    if elastic_restart() and cfg.checkpoint.enabled and not resume:
+        resume = "auto"   # a restarted worker group continues from where the last one saved
+    if not resume:
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
+        return found[-1] if found else None
+    return resume
+
+
+def elastic_restart() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _write_json(path: str, obj: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CheckpointManager:
+    def __init__(self, cfg, run_dir: str, strategy):
+        self.cfg = cfg
+        self.strategy = strategy
+        self.root = checkpoint_dir(cfg, run_dir)
+
+    def should_save(self, step: int, is_last: bool) -> bool:
+        c = self.cfg.checkpoint
+        return c.enabled and (is_last or (c.interval > 0 and step % c.interval == 0))
+
+    def save(self, step: int) -> str:
+        final = os.path.join(self.root, step_dir_name(step))
+        partial = os.path.join(self.root, f".{step_dir_name(step)}.partial")
+        if _rank() == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(os.path.join(partial, RNG))
+        _barrier()
+        self.strategy.save_checkpoint(os.path.join(partial, STATE))
+        torch.save(rng_state(), os.path.join(partial, RNG, f"rank_{_rank():05d}.pt"))
+        _barrier()
+        if _rank() == 0:
+            _fault_point("save", step)
+            _write_json(os.path.join(partial, TRAINER), {"step": step})
+            OmegaConf.save(self.cfg, os.path.join(partial, CONFIG), resolve=True)
+            _write_json(os.path.join(partial, META), {
+                "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
+                "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
+                "fingerprint": fingerprint(self.cfg)})
+            self._commit(partial, final)
+            self._prune()
+        _barrier()
+        return final
+
+    def _commit(self, partial: str, final: str) -> None:
+        if os.path.exists(final):        # the same step saved again after a restart: swap it in whole
+            old = final + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(partial, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(partial, final)
+
+    def _prune(self) -> None:
+        for path in complete_checkpoints(self.root)[:-self.cfg.checkpoint.keep_last]:
+            shutil.rmtree(path)
+
+    def load(self, path: str) -> int:
+        """Restore the strategy and RNG states; return the step to continue from."""
+        self.strategy.load_checkpoint(os.path.join(path, STATE))
+        meta = read_meta(path)
+        rng_file = os.path.join(path, RNG, f"rank_{_rank():05d}.pt")
+        if meta["world_size"] == self.strategy.world_size and os.path.exists(rng_file):
+            set_rng_state(load_tensors_only(rng_file))
+        with open(os.path.join(path, TRAINER)) as f:
+            return int(json.load(f)["step"])
+
+
+def _fault_point(where: str, step: int) -> None:
+    """FRAMEWORK_FAULT=save:<step> SIGKILLs rank 0 in the middle of that save (tests of crash safety)."""
+    if os.environ.get("FRAMEWORK_FAULT") == f"{where}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(),
+             "numpy": torch.from_numpy(np.frombuffer(json.dumps(_numpy_state()).encode(), dtype=np.uint8).copy()),
+             "python": torch.tensor(list(json.dumps(random.getstate()).encode()), dtype=torch.uint8)}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _numpy_state() -> list:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), pos, has_gauss, cached]
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, cached = json.loads(bytes(state["numpy"].tolist()).decode())
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = json.loads(bytes(state["python"].tolist()).decode())
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

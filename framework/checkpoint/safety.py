@@ -1,0 +1,63 @@
+"""Nothing in a checkpoint is unpickled unless every class it names is on an allowlist.
+
+torch.distributed.checkpoint reads its `.metadata` file with plain pickle, which would run
+any code a crafted file asks for. Before DCP reads it, the file is parsed here by an
+unpickler whose find_class admits only DCP's own metadata dataclasses and torch's
+size/dtype/layout markers, so a file naming anything else is refused before any code runs.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+
+import torch
+
+_ALLOWED_MODULES = (
+    "torch.distributed.checkpoint.metadata",
+    "torch.distributed.checkpoint.filesystem",
+    "torch.distributed.checkpoint.planner",
+)
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+}
+
+
+class UnsafeCheckpointError(ValueError):
+    pass
+
+
+class _AllowlistUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        is_memory_format = module == "torch" and isinstance(getattr(torch, name, None), torch.memory_format)
+        if module.startswith(_ALLOWED_MODULES) or (module, name) in _ALLOWED or is_dtype or is_memory_format:
+            return super().find_class(module, name)
+        raise UnsafeCheckpointError(f"refuses to unpickle {module}.{name}")
+
+
+def check_dcp_metadata(state_dir: str) -> None:
+    """Parse a DCP checkpoint's .metadata with the allowlist; raise UnsafeCheckpointError otherwise."""
+    path = os.path.join(state_dir, ".metadata")
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        _AllowlistUnpickler(io.BytesIO(data)).load()
+    except UnsafeCheckpointError as e:
+        raise UnsafeCheckpointError(f"{path}: {e}; the file is not a checkpoint this framework wrote") from None
+    except Exception as e:
+        raise UnsafeCheckpointError(f"{path}: unreadable checkpoint metadata ({type(e).__name__})") from None
+
+
+def load_tensors_only(path: str):
+    """torch.load of small extra state: plain tensors and containers only, never arbitrary objects."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UnsafeCheckpointError(f"{path}: refused to load ({str(e).splitlines()[0]})") from None

@@ -1,0 +1,164 @@
+"""Checkpoints on real files: exact and resharded resume, atomic saves, refusal of bad checkpoints,
+crash recovery with real SIGKILLs."""
+import hashlib
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+
+CKPT = ["checkpoint.enabled=true", "checkpoint.interval=4"]
+EXACT = 1e-6
+
+
+def _train(run_dir: Path, *args, **kw):
+    proc = run_framework([*FAST, *CKPT, *args], run_dir, **kw)
+    check_ok(proc)
+    return losses(run_dir)
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference: 8 steps in one single-process run, with checkpoints at 4 and 8."""
+    run_dir = tmp_path_factory.mktemp("full")
+    return run_dir, _train(run_dir)
+
+
+@pytest.mark.parametrize("layout", [
+    ["parallel=single"],
+    ["parallel=ddp"],
+    ["parallel=ddp", "zero=stage1"],
+    ["parallel=fsdp", "zero=stage3"],
+], ids=lambda a: "-".join(x.split("=")[1] for x in a))
+def test_resume_is_exact(tmp_path, uninterrupted, layout):
+    """N steps, stop, resume, N more == 2N in one run (same schedule: stop_at_step keeps max_steps)."""
+    full_dir, _ = uninterrupted
+    reference = _train(tmp_path / "ref", *layout) if layout != ["parallel=single"] else losses(full_dir)
+    run_dir = tmp_path / "run"
+    first = _train(run_dir, *layout, "trainer.stop_at_step=4")
+    assert len(first) == 4 and (run_dir / "checkpoints" / "step_00000004" / "meta.json").exists()
+    resumed = _train(run_dir, *layout, "checkpoint.resume=auto")
+    assert len(resumed) == 8    # metrics.jsonl holds each step once
+    assert max_rel_diff(reference, resumed) <= EXACT
+
+
+@pytest.mark.parametrize("saved,resumed", [
+    (["parallel=ddp", "zero=stage1"], ["parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=4"]),
+    (["parallel=fsdp", "zero=stage3"], ["parallel=single"]),
+    (["parallel=single"], ["parallel=ddp", "launcher.nproc_per_node=2"]),
+    (["parallel=fsdp", "zero=stage2", "parallel.dp_replicate=2", "parallel.dp_shard=2"], ["parallel=ddp", "zero=stage1"]),
+], ids=["ddp_z1x2-to-fsdp_x4", "fsdp_x2-to-single", "single-to-ddp_x2", "hsdp_2x2-to-ddp_z1"])
+def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, saved, resumed):
+    _, reference = uninterrupted
+    first = tmp_path / "first"
+    _train(first, *saved, "trainer.stop_at_step=4")
+    second = tmp_path / "second"
+    got = _train(second, *resumed, f"checkpoint.resume={first / 'checkpoints' / 'step_00000004'}")
+    assert [r for r in got] and len(got) == 4
+    assert max_rel_diff(reference[4:], got) <= 1e-4
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    _train(run_dir, "checkpoint.interval=2", "checkpoint.keep_last=2")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000006", "step_00000008"]
+
+
+def test_kill_during_save_leaves_the_previous_checkpoint_usable(tmp_path, uninterrupted):
+    _, reference = uninterrupted
+    run_dir = tmp_path / "run"
+    proc = run_framework([*FAST, *CKPT], run_dir, env={"FRAMEWORK_FAULT": "save:8"})
+    assert proc.returncode != 0
+    ckpts = run_dir / "checkpoints"
+    assert (ckpts / "step_00000004" / "meta.json").exists()
+    assert not (ckpts / "step_00000008").exists() and (ckpts / ".step_00000008.partial").exists()
+    resumed = _train(run_dir, "checkpoint.resume=auto")
+    assert max_rel_diff(reference, resumed) <= EXACT
+    assert (ckpts / "step_00000008" / "meta.json").exists() and not (ckpts / ".step_00000008.partial").exists()
+
+
+def test_sigkilled_worker_is_restarted_and_finishes_with_the_same_losses(tmp_path):
+    """Rank 1 SIGKILLs itself in step 7 (after the step-4 checkpoint); the elastic agent restarts the
+    group, which resumes from step 4 and ends exactly where an uninterrupted run ends."""
+    model = ["model=custom", "+model.dim=32", "+model.n_layers=2", "+model.n_heads=4", "+model.n_kv_heads=2",
+             "+model.vocab_size=256", "+model.max_seq_len=256"]
+    fast = [a for a in FAST if a != "model=tiny"]
+    common = [*fast, *CKPT, *model, "parallel=ddp", "launcher.nproc_per_node=2",
+              "model._target_=tests.fixtures.models.LlamaThatDies"]
+    clean = tmp_path / "clean"
+    check_ok(run_framework([*common, "+model.die_at_forward=0"], clean))
+    crashed = tmp_path / "crashed"
+    # 2 micro-batches per rank per step: forward 13 is in step 7
+    proc = run_framework([*common, "+model.die_at_forward=13", "launcher.max_restarts=2"], crashed)
+    check_ok(proc)
+    assert "SIGKILL" in proc.stderr or "Signals.SIGKILL" in proc.stderr or "exitcode: -9" in proc.stderr
+    assert max_rel_diff(losses(clean), losses(crashed)) <= EXACT
+
+
+def test_incompatible_checkpoint_is_refused_and_left_untouched(tmp_path, uninterrupted):
+    full_dir, _ = uninterrupted
+    ckpt = full_dir / "checkpoints" / "step_00000004"
+    before = _tree_digest(full_dir / "checkpoints")
+    proc = run_framework([*FAST, "model.dim=64", f"checkpoint.resume={ckpt}"], tmp_path / "r")
+    assert proc.returncode == 2
+    assert "model.dim: saved 32 vs now 64" in proc.stderr and "Traceback" not in proc.stderr
+    assert _tree_digest(full_dir / "checkpoints") == before
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path, uninterrupted):
+    full_dir, _ = uninterrupted
+    broken = tmp_path / "broken"
+    os.system(f"cp -r {full_dir / 'checkpoints' / 'step_00000004'} {broken}")
+    (broken / "meta.json").write_text("{not json")
+    proc = run_framework([*FAST, f"checkpoint.resume={broken}"], tmp_path / "r")
+    assert proc.returncode == 2 and "meta.json is corrupt" in proc.stderr
+    (broken / "meta.json").unlink()
+    proc = run_framework([*FAST, f"checkpoint.resume={broken}"], tmp_path / "r")
+    assert proc.returncode == 2 and "is not a complete checkpoint" in proc.stderr
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("target", ["state/.metadata", "rng/rank_00000.pt"])
+def test_crafted_pickle_is_refused_and_runs_no_code(tmp_path, uninterrupted, target):
+    full_dir, _ = uninterrupted
+    ckpt = tmp_path / "ckpt"
+    os.system(f"cp -r {full_dir / 'checkpoints' / 'step_00000004'} {ckpt}")
+    marker = tmp_path / "pwned"
+    (ckpt / target).write_bytes(pickle.dumps(_Exploit(marker)))
+    proc = run_framework([*FAST, f"checkpoint.resume={ckpt}"], tmp_path / "r")
+    assert proc.returncode == 2, proc.stderr
+    assert "refuse" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists()
+
+
+def test_nonfinite_loss_abort_and_skip(tmp_path):
+    model = ["model=custom", "model._target_=tests.fixtures.models.NaNAtStep", "+model.nan_at_forward=5"]
+    fast = [a for a in FAST if a != "model=tiny"]
+    proc = run_framework([*fast, *model, "checkpoint.enabled=true"], tmp_path / "abort")
+    assert proc.returncode not in (0, 2) and "trainer.on_nonfinite=skip" in proc.stderr
+    assert not (tmp_path / "abort" / "checkpoints").exists()   # nothing non-finite was saved
+    run_dir = tmp_path / "skip"
+    check_ok(run_framework([*fast, *model, "trainer.on_nonfinite=skip", "checkpoint.enabled=true"], run_dir))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 8
+    bad = [r for r in records if r["loss"] != r["loss"]]
+    assert [r["step"] for r in bad] == [2]     # 4 micro-batches a step: forward 5 is in step 2
+    assert all(r["loss"] == r["loss"] for r in records if r["step"] != 2)
+    assert (run_dir / "checkpoints" / "step_00000008" / "meta.json").exists()
