@@ -39,6 +39,9 @@ def uninterrupted(tmp_path_factory):
     ["parallel=ddp"],
     ["parallel=ddp", "zero=stage1"],
     ["parallel=fsdp", "zero=stage3"],
+    ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2", "zero=stage3"],
+    ["parallel=deepspeed", "zero=stage2"],
+    ["parallel=deepspeed", "zero=stage3"],
 ], ids=lambda a: "-".join(x.split("=")[1] for x in a))
 def test_resume_is_exact(tmp_path, uninterrupted, layout):
     """N steps, stop, resume, N more == 2N in one run (same schedule: stop_at_step keeps max_steps)."""
@@ -57,7 +60,10 @@ def test_resume_is_exact(tmp_path, uninterrupted, layout):
     (["parallel=fsdp", "zero=stage3"], ["parallel=single"]),
     (["parallel=single"], ["parallel=ddp", "launcher.nproc_per_node=2"]),
     (["parallel=fsdp", "zero=stage2", "parallel.dp_replicate=2", "parallel.dp_shard=2"], ["parallel=ddp", "zero=stage1"]),
-], ids=["ddp_z1x2-to-fsdp_x4", "fsdp_x2-to-single", "single-to-ddp_x2", "hsdp_2x2-to-ddp_z1"])
+    (["parallel=fsdp", "zero=stage3"], ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2"]),
+    (["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1"], ["parallel=single"]),
+], ids=["ddp_z1x2-to-fsdp_x4", "fsdp_x2-to-single", "single-to-ddp_x2", "hsdp_2x2-to-ddp_z1", "fsdp_x2-to-3d_tp2dp2",
+        "3d_tp2pp2-to-single"])
 def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, saved, resumed):
     _, reference = uninterrupted
     first = tmp_path / "first"
@@ -66,6 +72,24 @@ def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, saved, re
     got = _train(second, *resumed, f"checkpoint.resume={first / 'checkpoints' / 'step_00000004'}")
     assert [r for r in got] and len(got) == 4
     assert max_rel_diff(reference[4:], got) <= 1e-4
+
+
+PIPELINE = ["model.n_layers=4", "parallel=3d", "parallel.tp=1", "parallel.dp_shard=1", "parallel.pp=2",
+            "parallel.pp_schedule=Interleaved1F1B", "parallel.pp_virtual_stages=2"]
+
+
+def test_pipeline_checkpoint_holds_full_model_names_and_reshards_to_other_layouts(tmp_path):
+    """Interleaved pipeline ranks hold two stages each; their checkpoint must look like the full model's,
+    so it resumes under fsdp (and 3d tp x dp) exactly where the uninterrupted 3d run goes."""
+    reference = _train(tmp_path / "ref", *PIPELINE)
+    first = tmp_path / "first"
+    _train(first, *PIPELINE, "trainer.stop_at_step=4")
+    ckpt = first / "checkpoints" / "step_00000004"
+    for name, layout in (("fsdp", ["model.n_layers=4", "parallel=fsdp", "zero=stage3"]),
+                         ("tpdp", ["model.n_layers=4", "parallel=3d", "parallel.tp=2", "parallel.pp=1",
+                                   "parallel.dp_shard=2", "zero=stage2"])):
+        got = _train(tmp_path / name, *layout, f"checkpoint.resume={ckpt}")
+        assert max_rel_diff(reference[4:], got) <= 1e-4, name
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path):

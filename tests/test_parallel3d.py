@@ -67,3 +67,11 @@ def test_mission_command_runs_as_is(tmp_path):
     assert [r["step"] for r in records] == [1, 3]
     assert "val_loss" in records[-1]          # the last step evaluates through the pipeline too
     assert records[-1]["loss"] < records[0]["loss"] or records[-1]["loss"] < 6
+
+
+def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path):
+    layout = ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1"]
+    fp32 = train(tmp_path, "fp32", layout)
+    bf16 = train(tmp_path, "bf16", [*layout, "precision=bf16"])
+    assert all(x == x for x in bf16) and bf16[-1] < bf16[0]
+    assert max_rel_diff(fp32, bf16) <= 1e-2

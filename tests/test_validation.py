@@ -119,3 +119,23 @@ def test_invalid_config_exits_2_with_one_line(tmp_path, args, expected):
 @pytest.mark.parametrize("args,expected", COMPOSE_CASES[:2], ids=[" ".join(a) for a, _ in COMPOSE_CASES[:2]])
 def test_compose_errors_exit_2_without_traceback(tmp_path, args, expected):
     _check_rejected(tmp_path, args, expected, first_line_is_ours=False)
+
+
+# recipe -> the world size it is written for (torchrun's WORLD_SIZE on GPU nodes)
+RECIPES = {"cpu_small_ddp": None, "llama_125m": None, "llama3_8b": 8, "llama3_70b": 32, "llama3_405b": 224}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch, recipe):
+    overrides = [f"+recipe={recipe}"]
+    if recipe != "cpu_small_ddp":   # GPU recipes read a token file; stand in synthetic tokens here
+        overrides += ["data=synthetic", "data.num_tokens=2000000", "data.val_fraction=0.5"]
+        if recipe != "llama_125m":
+            overrides += ["data.vocab_size=128256", "data.seq_len=1024"]
+    if RECIPES[recipe]:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(RECIPES[recipe]))
+    cfg = composer(overrides)
+    assert cfg.model.n_layers > 0
+    _validate(cfg)

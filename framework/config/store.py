@@ -1,4 +1,5 @@
-"""Puts the schemas in Hydra's ConfigStore, where the yaml files in conf/ name them."""
+"""Puts the schemas in Hydra's ConfigStore under schema/<group>/, where the yaml files in conf/ name them
+(`- /schema/parallel/ddp@_here_`); kept out of the groups themselves so they are not listed as options."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,12 +21,12 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=schema.Config)
     for name, cls in all_strategy_classes().items():
-        cs.store(group="parallel", name=f"{name}_schema", node=cls.options)
-    cs.store(group="zero", name="zero_schema", node=schema.ZeroConfig)
-    cs.store(group="precision", name="precision_schema", node=schema.PrecisionConfig)
-    cs.store(group="activation_checkpointing", name="ac_schema", node=schema.ActivationCheckpointingConfig)
-    cs.store(group="model", name="llama_schema", node=LlamaModelConfig)
-    cs.store(group="optimizer", name="adamw_schema", node=schema.AdamWConfig)
-    cs.store(group="optimizer", name="sgd_schema", node=schema.SGDConfig)
-    cs.store(group="scheduler", name="scheduler_schema", node=schema.SchedulerConfig)
-    cs.store(group="data", name="data_schema", node=schema.DataConfig)
+        cs.store(group="schema/parallel", name=name, node=cls.options)
+    cs.store(group="schema/zero", name="zero", node=schema.ZeroConfig)
+    cs.store(group="schema/precision", name="precision", node=schema.PrecisionConfig)
+    cs.store(group="schema/activation_checkpointing", name="ac", node=schema.ActivationCheckpointingConfig)
+    cs.store(group="schema/model", name="llama", node=LlamaModelConfig)
+    cs.store(group="schema/optimizer", name="adamw", node=schema.AdamWConfig)
+    cs.store(group="schema/optimizer", name="sgd", node=schema.SGDConfig)
+    cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)
+    cs.store(group="schema/data", name="data", node=schema.DataConfig)

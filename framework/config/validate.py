@@ -102,13 +102,6 @@ def validate_data_contents(cfg) -> None:
                                                 "raise data.val_fraction or set trainer.eval_every=0")
 
 
-def validate_batch(cfg, dp_size: int) -> None:
-    t = cfg.trainer
-    per_step = t.micro_batch_size * dp_size
-    if t.global_batch_size % per_step:
-        raise ConfigError("trainer.global_batch_size",
-                          f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
-                          f"= {t.micro_batch_size} x {dp_size} = {per_step}")
 
 
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
@@ -169,5 +162,5 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
     validate_checkpoint(cfg, strategy_cls, run_dir)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
-    validate_batch(cfg, strategy_cls.data_parallel_size(cfg, world_size))
+    strategy_cls.validate_batch(cfg, world_size)
     validate_data_contents(cfg)

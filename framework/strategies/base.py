@@ -43,6 +43,16 @@ class Strategy:
         return world_size
 
     @classmethod
+    def validate_batch(cls, cfg, world_size: int) -> None:
+        """Gradient accumulation = global / (micro x data-parallel degree) must be a whole number."""
+        t, dp = cfg.trainer, cls.data_parallel_size(cfg, world_size)
+        per_step = t.micro_batch_size * dp
+        if t.global_batch_size % per_step:
+            raise ConfigError("trainer.global_batch_size",
+                              f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
+                              f"= {t.micro_batch_size} x {dp} = {per_step}")
+
+    @classmethod
     def validate(cls, cfg, world_size: int) -> None:
         """Cross-field rules this strategy adds; raise ConfigError."""
         stage = cfg.zero.stage
@@ -241,11 +251,15 @@ class TorchStrategy(Strategy):
         """The optimizer whose state is saved: the one holding this rank's states."""
         return self.optimizer
 
+    def checkpoint_model(self) -> nn.Module:
+        """The module whose parameter names are the full model's (wrappers are seen through by DCP)."""
+        return self.model
+
     def save_checkpoint(self, path: str) -> None:
-        dcp_state.save(path, self.model, self.checkpoint_optimizer(), self.scheduler, self.precision)
+        dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
 
     def load_checkpoint(self, path: str) -> None:
-        dcp_state.load(path, self.model, self.checkpoint_optimizer(), self.scheduler, self.precision)
+        dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
 
     def _to_device(self, batch):
         return (t.to(self.device, non_blocking=True) for t in batch)

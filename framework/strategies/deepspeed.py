@@ -74,6 +74,10 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:
         super().validate(cfg, world_size)
+        if cfg.trainer.on_nonfinite == "skip":
+            raise ConfigError("trainer.on_nonfinite", "parallel=deepspeed cannot drop a step's gradients from its "
+                                                      "ZeRO buffers; use abort (fp16 loss scaling skips overflowed "
+                                                      "steps by itself) or a torch-native strategy")
         p, z = cfg.parallel, cfg.zero
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("parallel", "parallel=deepspeed needs the deepspeed package: pip install deepspeed")

@@ -55,6 +55,9 @@ class Parallel3DStrategy(TorchStrategy):
                     1: "FSDP2 shards gradients together with optimizer states: use zero=stage2, "
                        "or parallel=ddp zero=stage1"}
     activation_checkpointing = ("none", "full", "selective")
+    # bf16 runs under autocast with fp32 master weights; fp16 would need loss scaling inside the
+    # pipeline schedule's own backward, which torch's schedules do not expose.
+    precisions = ("fp32", "bf16")
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
@@ -66,11 +69,11 @@ class Parallel3DStrategy(TorchStrategy):
 
     @classmethod
     def data_parallel_size(cls, cfg, world_size: int) -> int:
-        # Only the generic check global % (micro x dp) == 0 reads this. Here micro_batch_size is capped
-        # at a rank's share; when it is capped, validate() has checked the rule and one rank's worth passes.
-        dp = ParallelDims.from_config(cfg.parallel, world_size).dp
-        t = cfg.trainer
-        return dp if t.micro_batch_size * dp <= t.global_batch_size else max(1, t.global_batch_size // t.micro_batch_size)
+        return ParallelDims.from_config(cfg.parallel, world_size).dp
+
+    @classmethod
+    def validate_batch(cls, cfg, world_size: int) -> None:
+        """validate() checks this strategy's batch rule: micro_batch_size is capped at a rank's share."""
 
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:
@@ -83,8 +86,9 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
                                       "and parameters, parallel=fsdp offloads parameters")
         if cfg.precision.name not in cls.precisions:
-            raise ConfigError("precision", f"parallel=3d supports precision={', '.join(cls.precisions)} so far, "
-                                           f"not {cfg.precision.name}")
+            raise ConfigError("precision", f"parallel=3d supports precision={' or '.join(cls.precisions)}, not "
+                                           f"{cfg.precision.name}: fp16 loss scaling cannot reach into the pipeline "
+                                           f"schedule's backward; bf16 needs no scaling")
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"unknown mode {cfg.activation_checkpointing.mode!r}")
@@ -220,6 +224,9 @@ class Parallel3DStrategy(TorchStrategy):
     def unwrapped_model(self) -> nn.Module:
         return self.stages[0]
 
+    def checkpoint_model(self) -> nn.Module:
+        return self.stages[0] if len(self.stages) == 1 else merged_stages(self.stages)
+
     # ---- step ---------------------------------------------------------------------------
     def accumulation_context(self, is_last: bool):
         if hasattr(self.model, "set_requires_gradient_sync"):
@@ -249,10 +256,11 @@ class Parallel3DStrategy(TorchStrategy):
                 args = (inputs,)
             if self.holds_last:
                 kwargs = {"target": targets, "losses": losses}
-        if train:
-            self.schedule.step(*args, return_outputs=False, **kwargs)
-        else:
-            self.schedule.eval(*args, **kwargs)
+        with self.autocast():
+            if train:
+                self.schedule.step(*args, return_outputs=False, **kwargs)
+            else:
+                self.schedule.eval(*args, **kwargs)
         local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)
         # The last stage's (dp x tp) ranks hold the loss (tp ranks alike): their mean is the global mean.
         total = local.detach().clone()
@@ -280,6 +288,20 @@ class Parallel3DStrategy(TorchStrategy):
             for g in grads:
                 g.mul_(coef)
         return total
+
+
+def merged_stages(stages: list[nn.Module]) -> nn.Module:
+    """One module over this rank's pipeline stages whose parameter names are the full model's
+    (a ModuleList would prefix them with the stage's index)."""
+    merged = nn.Module()
+    merged.layers = nn.ModuleDict()
+    for stage in stages:
+        for key, layer in stage.layers.items():
+            merged.layers[key] = layer
+        for attr in ("tok_embeddings", "norm", "output"):
+            if getattr(stage, attr, None) is not None:
+                setattr(merged, attr, getattr(stage, attr))
+    return merged
 
 
 class _OneParameter:

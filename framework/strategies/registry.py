@@ -13,16 +13,10 @@ STRATEGIES: dict[str, str] = {
     "fsdp": "framework.strategies.fsdp:FSDPStrategy",
 }
 
-# Named in the design, not built yet: selecting one says so instead of failing obscurely.
-PLANNED: dict[str, str] = {
-}
 
 
 def strategy_class(name: str):
     if name not in STRATEGIES:
-        if name in PLANNED:
-            raise ConfigError("parallel", f"parallel={name} ({PLANNED[name]}) is not implemented yet; "
-                                          f"available: {', '.join(STRATEGIES)}")
         raise ConfigError("parallel", f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
     module, cls = STRATEGIES[name].split(":")
     return getattr(importlib.import_module(module), cls)
