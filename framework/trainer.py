@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
@@ -30,6 +31,10 @@ def build_model(cfg) -> torch.nn.Module:
     model = instantiate(cfg.model, _convert_="all")
     if isinstance(model, Llama):
         init_weights(model, cfg.seed)
+        # A resume loads its checkpoint over these. On the meta device (parallel=3d) there is nothing to
+        # fill yet: each rank loads its own shards when it materializes them.
+        if cfg.checkpoint.initial_load and not next(model.parameters()).is_meta:
+            hf_layout.load_into(model, cfg.checkpoint.initial_load)
     return model
 
 

@@ -11,6 +11,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible,
                                          resolve_resume)
 from framework.checkpoint.safety import UnsafeCheckpointError, check_dcp_metadata, load_tensors_only
@@ -104,6 +105,28 @@ def validate_data_contents(cfg) -> None:
 
 
 
+def validate_initial_load(cfg, path: str) -> None:
+    """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's."""
+    key = "checkpoint.initial_load"
+    if cfg.model.get("_target_") != LLAMA_TARGET:
+        raise ConfigError(key, f"loads HF Llama weights into {LLAMA_TARGET} only, not {cfg.model.get('_target_')}")
+    for name in (hf_layout.CONFIG, hf_layout.WEIGHTS):
+        if not os.path.isfile(os.path.join(path, name)):
+            raise ConfigError(key, f"{path} has no {name}; write one with `python -m framework.export`")
+    try:
+        hf = hf_layout.read_hf_config(path)
+        args = hf_layout.llama_args(OmegaConf.to_container(cfg.model, resolve=True))
+        mismatches = hf_layout.config_mismatches(hf, args)
+        errors = [] if mismatches else hf_layout.HFWeights(path, args).shape_errors()
+    except Exception as e:
+        raise ConfigError(key, f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    if mismatches:
+        hf_key, ours, theirs, now = mismatches[0]
+        raise ConfigError(key, f"{path}/{hf_layout.CONFIG} has {hf_key}={theirs} but model.{ours} gives {now}")
+    if errors:
+        raise ConfigError(key, f"{path}/{hf_layout.WEIGHTS}: {errors[0]}")
+
+
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
     c, t = cfg.checkpoint, cfg.trainer
     if t.on_nonfinite not in ("abort", "skip"):
@@ -114,6 +137,8 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
         raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
     if c.initial_load is not None and not os.path.isdir(c.initial_load):
         raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    if c.initial_load is not None:
+        validate_initial_load(cfg, c.initial_load)
     if run_dir is None:
         return
     path = resolve_resume(cfg, run_dir)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from framework.checkpoint import hf_layout
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.models.llama import init_weights
@@ -183,11 +184,16 @@ class Parallel3DStrategy(TorchStrategy):
 
     @torch.no_grad()
     def _materialize(self, module: nn.Module) -> None:
-        """Allocate this rank's shards and fill each with its slice of the seeded full parameter."""
+        """Allocate this rank's shards and fill each with its slice of the seeded (or initial_load) full parameter."""
         module.to_empty(device=self.device)
+        initial = self.cfg.checkpoint.initial_load
+        weights = hf_layout.HFWeights(initial, module.args) if initial else None
         for name, param in module.named_parameters():
-            full = torch.empty(param.shape, dtype=torch.float32)
-            init_weights(_OneParameter(module.args, name, full), self.cfg.seed)
+            if weights is not None:
+                full = weights.full(name)
+            else:
+                full = torch.empty(param.shape, dtype=torch.float32)
+                init_weights(_OneParameter(module.args, name, full), self.cfg.seed)
             if isinstance(param, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
                                                                       param.placements)

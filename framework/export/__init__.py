@@ -1,0 +1,89 @@
+"""`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF Llama safetensors + config.json."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from omegaconf import OmegaConf
+from safetensors.torch import save_file
+
+from framework.checkpoint import hf_layout
+from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
+from framework.checkpoint.safety import UnsafeCheckpointError
+from framework.export.read import READERS
+
+LLAMA_TARGET = "framework.models.llama.Llama"
+
+
+class ExportError(ValueError):
+    """Input the exporter cannot use; reported as one line, exit code 2."""
+
+
+def _model_args(step_dir: str):
+    try:
+        cfg = OmegaConf.load(os.path.join(step_dir, CONFIG))
+        model = OmegaConf.to_container(cfg.model, resolve=True)
+    except Exception as e:
+        raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
+    if model.get("_target_") != LLAMA_TARGET:
+        raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')}; the HF Llama layout is "
+                          f"written for {LLAMA_TARGET} only")
+    try:
+        return hf_layout.llama_args(model)
+    except TypeError as e:
+        raise ExportError(f"{step_dir}/{CONFIG}: model section does not fit LlamaArgs ({e})") from None
+
+
+def _check_out_dir(out_dir: str, force: bool) -> None:
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ExportError(f"{out_dir} exists and is not a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
+        raise ExportError(f"{out_dir} is not empty; pass --force to replace its "
+                          f"{hf_layout.WEIGHTS} and {hf_layout.CONFIG}")
+
+
+def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
+    """Write out_dir/{model.safetensors, config.json}; return the HF config. Nothing is written on error."""
+    try:
+        meta = read_meta(step_dir)
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
+    if meta.get("format") not in READERS:
+        raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
+                          f"export reads {' and '.join(READERS)}")
+    args = _model_args(step_dir)
+    _check_out_dir(out_dir, force)
+    try:
+        state = READERS[meta["format"]](step_dir)
+    except UnsafeCheckpointError as e:
+        raise ExportError(str(e)) from None
+    except Exception as e:
+        raise ExportError(f"{step_dir}: cannot read the {meta['format']} state ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        tensors = hf_layout.to_hf(state, args)
+    except hf_layout.LayoutError as e:
+        raise ExportError(f"{step_dir}: {e}") from None
+    config = hf_layout.hf_config(args)
+    _write(out_dir, tensors, config)
+    return config
+
+
+def _write(out_dir: str, tensors: dict, config: dict) -> None:
+    """Into a sibling temp dir first: a failed write leaves out_dir as it was."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        save_file(tensors, os.path.join(tmp, hf_layout.WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, hf_layout.CONFIG), "w") as f:
+            json.dump(config, f, indent=2)
+        if not os.path.exists(out_dir):
+            os.rename(tmp, out_dir)
+            return
+        for name in (hf_layout.WEIGHTS, hf_layout.CONFIG):
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

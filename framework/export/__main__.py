@@ -1,0 +1,32 @@
+"""CLI of the exporter: usage errors and unusable checkpoints exit 2 with one `error:` line."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m framework.export",
+                                     description="Write a checkpoint's weights as Hugging Face Llama safetensors.")
+    parser.add_argument("checkpoint", help="a checkpoint step dir, e.g. <run>/checkpoints/step_00000100")
+    parser.add_argument("out_dir", help="where model.safetensors and config.json go")
+    parser.add_argument("--force", action="store_true", help="replace those two files in a non-empty out_dir")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from framework.export import ExportError, export
+    try:
+        config = export(args.checkpoint, args.out_dir, force=args.force)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out_dir}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
+          f"vocab {config['vocab_size']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Full fp32 model weights out of a checkpoint step dir of any strategy, without process groups."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import os
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from framework.checkpoint.manager import STATE
+from framework.checkpoint.safety import UnsafeCheckpointError, check_dcp_metadata
+
+MODEL_PREFIX = "model."
+# The only non-tensor classes DeepSpeed's engine files name (optimizer bookkeeping).
+_DEEPSPEED_GLOBALS = {
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+}
+
+
+def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
+    state_dir = os.path.join(step_dir, STATE)
+    check_dcp_metadata(state_dir)
+    reader = dcp.FileSystemReader(state_dir)
+    entries = reader.read_metadata().state_dict_metadata
+    # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
+    model = {key[len(MODEL_PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
+             for key, meta in entries.items()
+             if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
+    state = {"model": model}
+    with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return {name: t.float() for name, t in state["model"].items()}
+
+
+def check_deepspeed_files(state_dir: str) -> None:
+    """DeepSpeed's loaders unpickle with weights_only=False: refuse files that name any other class first."""
+    files = glob.glob(os.path.join(state_dir, "*.pt"))
+    if not files:
+        raise UnsafeCheckpointError(f"{state_dir} holds no DeepSpeed checkpoint files")
+    for path in files:
+        try:
+            named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception as e:
+            raise UnsafeCheckpointError(f"{path}: unreadable ({type(e).__name__})") from None
+        if named - _DEEPSPEED_GLOBALS:
+            raise UnsafeCheckpointError(f"{path}: refuses to unpickle {sorted(named - _DEEPSPEED_GLOBALS)[0]}; "
+                                        f"the file is not a checkpoint this framework wrote")
+
+
+def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:
+    state_dir = os.path.join(step_dir, STATE)
+    check_deepspeed_files(state_dir)
+    if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):
+        # zero=none keeps no partitioned master copies: the module's own weights are the state.
+        model_file = os.path.join(state_dir, "mp_rank_00_model_states.pt")
+        module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        return {name: t.float() for name, t in module.items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):   # progress lines
+        state = get_fp32_state_dict_from_zero_checkpoint(step_dir, tag=STATE)
+    return {name: t.float() for name, t in state.items()}
+
+
+READERS = {"dcp": read_dcp, "deepspeed": read_deepspeed}
