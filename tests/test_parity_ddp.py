@@ -1,5 +1,5 @@
 """Data parallel layouts give the single-process losses (fp32, same seed, same global batch)."""
-from tests.helpers import REPO, max_rel_diff, train
+from tests.helpers import max_rel_diff, train
 
 TOL = 1e-5
 

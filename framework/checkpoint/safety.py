@@ -7,6 +7,7 @@ size/dtype/layout markers, so a file naming anything else is refused before any 
 """
 from __future__ import annotations
 
+import glob
 import io
 import os
 import pickle
@@ -26,6 +27,15 @@ _ALLOWED = {
     ("collections", "OrderedDict"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
+}
+
+
+# The only non-tensor classes DeepSpeed's engine files name (optimizer bookkeeping).
+_DEEPSPEED_GLOBALS = {
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
 }
 
 
@@ -61,3 +71,18 @@ def load_tensors_only(path: str):
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpointError(f"{path}: refused to load ({str(e).splitlines()[0]})") from None
+
+
+def check_deepspeed_files(state_dir: str) -> None:
+    """DeepSpeed's loaders unpickle with weights_only=False: refuse files that name any other class first."""
+    files = glob.glob(os.path.join(state_dir, "*.pt"))
+    if not files:
+        raise UnsafeCheckpointError(f"{state_dir} holds no DeepSpeed checkpoint files")
+    for path in files:
+        try:
+            named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except Exception as e:
+            raise UnsafeCheckpointError(f"{path}: unreadable ({type(e).__name__})") from None
+        if named - _DEEPSPEED_GLOBALS:
+            raise UnsafeCheckpointError(f"{path}: refuses to unpickle {sorted(named - _DEEPSPEED_GLOBALS)[0]}; "
+                                        f"the file is not a checkpoint this framework wrote")

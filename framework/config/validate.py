@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible,
                                          resolve_resume)
-from framework.checkpoint.safety import UnsafeCheckpointError, check_dcp_metadata, load_tensors_only
+from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
+                                         load_tensors_only)
 from framework.config.errors import ConfigError
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
 from framework.optim.schedulers import SCHEDULES
@@ -148,6 +149,8 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
         if meta["format"] == "dcp":
             check_dcp_metadata(os.path.join(path, STATE))
+        elif meta["format"] == "deepspeed":
+            check_deepspeed_files(os.path.join(path, STATE))
         for rng_file in glob.glob(os.path.join(path, RNG, "*.pt")):
             load_tensors_only(rng_file)
     except (CheckpointError, UnsafeCheckpointError) as e:

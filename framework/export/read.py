@@ -12,16 +12,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework.checkpoint.manager import STATE
-from framework.checkpoint.safety import UnsafeCheckpointError, check_dcp_metadata
+from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
 
 MODEL_PREFIX = "model."
-# The only non-tensor classes DeepSpeed's engine files name (optimizer bookkeeping).
-_DEEPSPEED_GLOBALS = {
-    "deepspeed.runtime.zero.config.ZeroStageEnum",
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    "deepspeed.utils.tensor_fragment.fragment_address",
-}
+
 
 
 def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
@@ -38,21 +32,6 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, storage_reader=reader, no_dist=True)
     return {name: t.float() for name, t in state["model"].items()}
-
-
-def check_deepspeed_files(state_dir: str) -> None:
-    """DeepSpeed's loaders unpickle with weights_only=False: refuse files that name any other class first."""
-    files = glob.glob(os.path.join(state_dir, "*.pt"))
-    if not files:
-        raise UnsafeCheckpointError(f"{state_dir} holds no DeepSpeed checkpoint files")
-    for path in files:
-        try:
-            named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-        except Exception as e:
-            raise UnsafeCheckpointError(f"{path}: unreadable ({type(e).__name__})") from None
-        if named - _DEEPSPEED_GLOBALS:
-            raise UnsafeCheckpointError(f"{path}: refuses to unpickle {sorted(named - _DEEPSPEED_GLOBALS)[0]}; "
-                                        f"the file is not a checkpoint this framework wrote")
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:

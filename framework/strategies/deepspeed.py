@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 import torch
-import torch.distributed as dist
 
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
