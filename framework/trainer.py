@@ -110,5 +110,6 @@ class Trainer:
                     logger.log(record)
                 if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
                     checkpoints.save(self.step)
+            checkpoints.finish()
         finally:
             logger.close()

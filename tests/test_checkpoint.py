@@ -92,6 +92,19 @@ def test_pipeline_checkpoint_holds_full_model_names_and_reshards_to_other_layout
         assert max_rel_diff(reference[4:], got) <= 1e-4, name
 
 
+@pytest.mark.parametrize("layout", [["parallel=single"], ["parallel=fsdp", "zero=stage3"]], ids=["single", "fsdp"])
+def test_background_saves_are_complete_and_resume_exactly(tmp_path, uninterrupted, layout):
+    _, reference = uninterrupted
+    run_dir = tmp_path / "run"
+    _train(run_dir, *layout, "checkpoint.async_save=true", "checkpoint.interval=2", "checkpoint.keep_last=4",
+           "trainer.stop_at_step=6")
+    ckpts = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002", "step_00000004", "step_00000006"]
+    resumed = tmp_path / "resumed"
+    got = _train(resumed, *layout, f"checkpoint.resume={ckpts / 'step_00000004'}")
+    assert max_rel_diff(reference[4:], got) <= (EXACT if layout == ["parallel=single"] else 1e-4)
+
+
 def test_keep_last_prunes_old_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     _train(run_dir, "checkpoint.interval=2", "checkpoint.keep_last=2")

@@ -21,12 +21,19 @@ EXTRA = "extra.json"
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def save(path: str, model, optimizer, scheduler, precision) -> None:
+def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None):
+    """Write the state. background: stage a CPU copy, write it from a thread over `group`, and return
+    a Future that completes when the files are on disk."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, no_dist=not dist.is_initialized())
+    state = {"model": model_sd, "optim": optim_sd}
     if not dist.is_initialized() or dist.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, EXTRA), "w") as f:
             json.dump({"scheduler": scheduler.state_dict(), "precision": precision.state_dict()}, f)
+    if background:
+        return dcp.async_save(state, checkpoint_id=path, process_group=group, no_dist=not dist.is_initialized())
+    dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    return None
 
 
 def load(path: str, model, optimizer, scheduler, precision) -> None:

@@ -132,20 +132,39 @@ class CheckpointManager:
         self.cfg = cfg
         self.strategy = strategy
         self.root = checkpoint_dir(cfg, run_dir)
+        self._pending = None
 
     def should_save(self, step: int, is_last: bool) -> bool:
         c = self.cfg.checkpoint
         return c.enabled and (is_last or (c.interval > 0 and step % c.interval == 0))
 
-    def save(self, step: int) -> str:
+    def save(self, step: int) -> None:
+        """Save this step; with checkpoint.async_save the state is written in the background and the
+        checkpoint becomes complete at the next save or at finish()."""
+        self.finish()
         final = os.path.join(self.root, step_dir_name(step))
         partial = os.path.join(self.root, f".{step_dir_name(step)}.partial")
         if _rank() == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(os.path.join(partial, RNG))
         _barrier()
-        self.strategy.save_checkpoint(os.path.join(partial, STATE))
         torch.save(rng_state(), os.path.join(partial, RNG, f"rank_{_rank():05d}.pt"))
+        state_dir = os.path.join(partial, STATE)
+        if self.cfg.checkpoint.async_save:
+            self._pending = (self.strategy.save_checkpoint_async(state_dir), step, partial, final)
+        else:
+            self.strategy.save_checkpoint(state_dir)
+            self._complete(step, partial, final)
+
+    def finish(self) -> None:
+        """Wait for a background save and make it a complete checkpoint."""
+        if self._pending is not None:
+            future, step, partial, final = self._pending
+            self._pending = None
+            future.result()
+            self._complete(step, partial, final)
+
+    def _complete(self, step: int, partial: str, final: str) -> None:
         _barrier()
         if _rank() == 0:
             _fault_point("save", step)
@@ -158,7 +177,6 @@ class CheckpointManager:
             self._commit(partial, final)
             self._prune()
         _barrier()
-        return final
 
     def _commit(self, partial: str, final: str) -> None:
         if os.path.exists(final):        # the same step saved again after a restart: swap it in whole

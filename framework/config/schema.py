@@ -119,6 +119,7 @@ class CheckpointConfig:
     interval: int = 0
     resume: Optional[str] = None        # null | auto (newest complete in dir) | <path of a step dir>
     keep_last: int = 2
+    async_save: bool = False            # write in the background (torch-native strategies; `async` is a keyword)
     initial_load: Optional[str] = None  # a dir of HF-layout safetensors to start the weights from
 
 

@@ -134,6 +134,9 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
         raise ConfigError("trainer.on_nonfinite", f"unknown policy {t.on_nonfinite!r}; use abort or skip")
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"must be in 1..trainer.max_steps={t.max_steps}, got {t.stop_at_step}")
+    if c.async_save and not strategy_cls.supports_async_save:
+        raise ConfigError("checkpoint.async_save", f"parallel={strategy_cls.name} saves through its own engine, "
+                                                   f"not in the background; set checkpoint.async_save=false")
     if c.resume not in (None, "auto") and not os.path.isdir(c.resume):
         raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
     if c.initial_load is not None and not os.path.isdir(c.initial_load):

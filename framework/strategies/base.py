@@ -147,6 +147,12 @@ class Strategy:
     def load_checkpoint(self, path: str) -> None:
         raise NotImplementedError(f"parallel={self.name} cannot load checkpoints yet")
 
+    supports_async_save = False
+
+    def save_checkpoint_async(self, path: str):
+        """Start saving; return a Future whose result() means the state is on disk."""
+        raise NotImplementedError(f"parallel={self.name} cannot save in the background")
+
     def full_model_state_dict(self) -> dict | None:
         """Consolidated fp32 weights with the unwrapped model's names, on the main rank (None elsewhere)."""
         raise NotImplementedError(f"parallel={self.name} cannot export weights yet")
@@ -257,6 +263,16 @@ class TorchStrategy(Strategy):
 
     def save_checkpoint(self, path: str) -> None:
         dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
+
+    supports_async_save = True
+
+    def save_checkpoint_async(self, path: str):
+        # The background writer gets a process group of its own, so its collectives never
+        # interleave with the training step's on the default group.
+        if dist.is_initialized() and getattr(self, "_async_group", None) is None:
+            self._async_group = dist.new_group(backend="gloo")
+        return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
+                              self.precision, background=True, group=getattr(self, "_async_group", None))
 
     def load_checkpoint(self, path: str) -> None:
         dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
