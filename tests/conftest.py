@@ -1,6 +1,10 @@
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-from tests.helpers import FAST, check_ok, losses, run_framework
+from framework import launch
+from framework.config.store import register_configs
+from tests.helpers import FAST, REPO, check_ok, losses, run_framework
 
 _references: dict[tuple, list[float]] = {}
 
@@ -16,3 +20,13 @@ def single_reference(tmp_path_factory):
             _references[key] = losses(run_dir)
         return _references[key]
     return get
+
+
+@pytest.fixture(scope="module")
+def compose_config():
+    """Compose conf/ in-process exactly as `python -m framework OVERRIDES` would (no run, no workers)."""
+    register_configs()
+    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        yield lambda overrides: compose(config_name="config", overrides=list(overrides))

@@ -6,12 +6,8 @@ runs and the exit-2 path of the real entrypoint are in test_deepspeed.py.
 import json
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from framework import launch
 from framework.config.errors import ConfigError
-from framework.config.store import register_configs
 from framework.config.validate import validate
 from framework.strategies import deepspeed_config as dsc
 from framework.strategies.registry import strategy_class
@@ -21,12 +17,8 @@ FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
 
 
 @pytest.fixture(scope="module")
-def composer():
-    register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        yield lambda *args: compose(config_name="config", overrides=[*FAST, "parallel=deepspeed", *args])
+def composer(compose_config):
+    return lambda *args: compose_config([*FAST, "parallel=deepspeed", *args])
 
 
 def _validate(cfg, world_size=2):

@@ -1,16 +1,13 @@
 """Bad parallel=3d degrees and schedules stop in the launching process: exit 2, one line naming the key,
 no worker started. The real entrypoint for the first cases; the rest through the same validate() in-process."""
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from framework import launch
 from framework.config.errors import ConfigError
-from framework.config.store import register_configs
 from framework.config.validate import validate
 from framework.parallel.mesh import ParallelDims
 from framework.strategies.registry import strategy_class
-from tests.helpers import FAST, REPO, run_framework
+from tests.helpers import FAST, run_framework
 
 CASES = {
     "product_is_not_world_size": (["parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=2",
@@ -56,12 +53,8 @@ def test_invalid_layout_fails_before_any_worker(tmp_path, case):
 
 
 @pytest.fixture(scope="module")
-def composer():
-    register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        yield lambda *args: compose(config_name="config", overrides=[*FAST, "parallel=3d", *args])
+def composer(compose_config):
+    return lambda *args: compose_config([*FAST, "parallel=3d", *args])
 
 
 def _validate(cfg):

@@ -2,17 +2,14 @@
 import time
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework import launch
 from framework.config.errors import ConfigError
-from framework.config.store import register_configs
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
-from tests.helpers import REPO, run_framework
+from tests.helpers import run_framework
 
 # (overrides, text the first error line must contain)
 CASES = [
@@ -54,12 +51,8 @@ COMPOSE_CASES = [
 
 
 @pytest.fixture(scope="module")
-def composer():
-    register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        yield lambda overrides: compose(config_name="config", overrides=overrides)
+def composer(compose_config):
+    return compose_config
 
 
 def _validate(cfg):
