@@ -153,10 +153,6 @@ class Strategy:
         """Start saving; return a Future whose result() means the state is on disk."""
         raise NotImplementedError(f"parallel={self.name} cannot save in the background")
 
-    def full_model_state_dict(self) -> dict | None:
-        """Consolidated fp32 weights with the unwrapped model's names, on the main rank (None elsewhere)."""
-        raise NotImplementedError(f"parallel={self.name} cannot export weights yet")
-
     def discard_gradients(self) -> None:
         raise NotImplementedError(f"parallel={self.name} cannot skip a step")
 
@@ -213,10 +209,13 @@ class TorchStrategy(Strategy):
     """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
     #: False where the wrapper casts parameters itself (FSDP2's MixedPrecisionPolicy)
     precision_autocast = True
+    checkpoint_format = "dcp"
+    supports_async_save = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
         self.precision = build_precision(cfg, self.device, autocast=self.precision_autocast)
+        self._async_group = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -245,8 +244,6 @@ class TorchStrategy(Strategy):
     def step_metrics(self) -> dict:
         return self.precision.metrics()
 
-    checkpoint_format = "dcp"
-
     def discard_gradients(self) -> None:
         """Skip this step's update (a non-finite loss under trainer.on_nonfinite=skip); the LR schedule
         still advances so it stays aligned with the step count."""
@@ -264,15 +261,13 @@ class TorchStrategy(Strategy):
     def save_checkpoint(self, path: str) -> None:
         dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
 
-    supports_async_save = True
-
     def save_checkpoint_async(self, path: str):
         # The background writer gets a process group of its own, so its collectives never
         # interleave with the training step's on the default group.
-        if dist.is_initialized() and getattr(self, "_async_group", None) is None:
+        if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
         return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
-                              self.precision, background=True, group=getattr(self, "_async_group", None))
+                              self.precision, background=True, group=self._async_group)
 
     def load_checkpoint(self, path: str) -> None:
         dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
@@ -301,7 +296,7 @@ class TorchStrategy(Strategy):
         self.precision.unscale_(self.optimizer)
         grad_norm = self.clip_grad_norm(max_grad_norm)
         self._grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
-        self.last_step_skipped = not self.precision.step(self.optimizer)
+        self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return float(grad_norm)

@@ -186,7 +186,6 @@ class DeepSpeedStrategy(Strategy):
             norm = torch.nn.utils.get_total_norm(grads)
         engine.step()
         ds_norm = engine.get_global_grad_norm()
-        self.last_step_skipped = not engine.was_step_applied()
         return float(ds_norm if ds_norm is not None else norm)
 
     @torch.no_grad()
