@@ -13,10 +13,10 @@ from framework.trainer import Trainer
 def run_worker(cfg, run_dir: str) -> None:
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
-    try:
-        Trainer(cfg, strategy, run_dir).fit()
-    finally:
-        strategy.teardown()
+    Trainer(cfg, strategy, run_dir).fit()
+    # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
+    # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
+    strategy.teardown()
 
 
 @record
