@@ -34,9 +34,12 @@ class Strategy:
     activation_checkpointing: tuple[str, ...] = ("none",)
 
     # ---- before any worker exists -------------------------------------------------------
+    #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many
+    default_workers = 1
+
     @classmethod
     def default_world_size(cls, cfg) -> int:
-        return 1
+        return cls.default_workers
 
     @classmethod
     def data_parallel_size(cls, cfg, world_size: int) -> int:

@@ -31,15 +31,12 @@ class DDPOptions(ParallelConfig):
 class DDPStrategy(TorchStrategy):
     name = "ddp"
     options = DDPOptions
+    default_workers = 2
     zero_support = {0: None, 1: None,
                     2: "gradient sharding is done by parallel=fsdp or parallel=deepspeed",
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = ("none", "full", "selective")
-
-    @classmethod
-    def default_world_size(cls, cfg) -> int:
-        return 2
 
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:

@@ -62,13 +62,10 @@ class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     checkpoint_format = "deepspeed"
     options = DeepSpeedOptions
+    default_workers = 2
     zero_support = {0: None, 1: None, 2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = AC_MODES
-
-    @classmethod
-    def default_world_size(cls, cfg) -> int:
-        return 2
 
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:
