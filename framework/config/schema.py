@@ -110,6 +110,10 @@ class TrainerConfig:
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does
     progress_bar: bool = True
+    # No step finished for this long: every rank writes its stacks to <run dir>/stall/ and the job
+    # fails. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with evidence)
+    # before its peers' collectives time out. 0 = off.
+    stall_timeout_s: float = 900.0
 
 
 @dataclass
@@ -129,6 +133,10 @@ class LauncherConfig:
     max_restarts: int = 0
     monitor_interval: float = 0.1
     backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
+    # A collective that cannot complete (a peer died or hangs) raises after this long on every rank,
+    # so the elastic agent restarts the group or gives up. Generous enough for a first DeepSpeed op
+    # build or a large checkpoint on a slow disk; lower it to fail faster.
+    timeout_s: float = 1200.0
 
 
 @dataclass

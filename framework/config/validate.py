@@ -168,9 +168,9 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
-              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
+              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
-                "scheduler.warmup_steps", "seed"):
+                "scheduler.warmup_steps", "seed", "trainer.stall_timeout_s"):
         if _select(cfg, key) < 0:
             raise ConfigError(key, f"must not be negative, got {_select(cfg, key)}")
     if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node <= 0:

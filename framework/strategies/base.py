@@ -19,6 +19,7 @@ from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
+from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
@@ -104,7 +105,7 @@ class Strategy:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         if "WORLD_SIZE" in os.environ and not dist.is_initialized():
             backend = self.cfg.launcher.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-            dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
+            init_default_group(backend, self.device, self.cfg.launcher.timeout_s)
 
     @property
     def dp_rank(self) -> int:
