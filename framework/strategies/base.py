@@ -17,6 +17,7 @@ from torch import nn
 from framework.checkpoint import dcp_state
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
+from framework.devices import prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
 from framework.precision import build_precision, validate_precision
@@ -98,13 +99,10 @@ class Strategy:
         return torch.device("cpu")
 
     def setup_distributed(self) -> None:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        if self.device.type == "cpu" and local_world > 1:
-            # Processes on one host share its cores; more threads than cores only thrash.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        prepare_worker(self.cfg, self.device)
         if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-            backend = self.cfg.launcher.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-            dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
+            dist.init_process_group(backend=process_group_backend(self.cfg, self.device),
+                                    device_id=self.device if self.device.type == "cuda" else None)
 
     @property
     def dp_rank(self) -> int:

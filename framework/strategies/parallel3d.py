@@ -34,6 +34,7 @@ from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
 from framework.parallel.tensor_parallel import apply_tensor_parallel
+from framework.precision import validate_precision
 from framework.strategies.base import TorchStrategy, ZERO_NAMES
 
 LLAMA_TARGET = "framework.models.llama.Llama"
@@ -90,6 +91,7 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("precision", f"parallel=3d supports precision={' or '.join(cls.precisions)}, not "
                                            f"{cfg.precision.name}: fp16 loss scaling cannot reach into the pipeline "
                                            f"schedule's backward; bf16 needs no scaling")
+        validate_precision(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"unknown mode {cfg.activation_checkpointing.mode!r}")
