@@ -73,7 +73,7 @@ class Trainer:
                 truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
-        peak = peak_flops(s.device, cfg.logging)
+        peak = peak_flops(s.device, cfg.logging, cfg.precision)
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         try:

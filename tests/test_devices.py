@@ -26,13 +26,10 @@ def composer(compose_config):
 @pytest.fixture
 def gpus(monkeypatch):
     """Stub this process's CUDA boundary to show `n` GPUs (undone after the test)."""
-    for name in ("is_available", "device_count", "get_device_name", "get_device_properties", "device",
-                 "is_bf16_supported"):
-        monkeypatch.setattr(torch.cuda, name, getattr(torch.cuda, name))
     for key in TORCHRUN_ENV:
         monkeypatch.delenv(key, raising=False)
     precision.compute_supported.cache_clear()
-    yield fake_gpus.install
+    yield lambda *args, **kwargs: fake_gpus.install(*args, **kwargs, setattr=monkeypatch.setattr)
     precision.compute_supported.cache_clear()
 
 
