@@ -13,7 +13,7 @@ from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.metrics.logger import MetricsLogger, truncate_metrics
-from framework.metrics.memory import peak_memory_gb
+from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
@@ -74,6 +74,8 @@ class Trainer:
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(s.device, cfg.logging, cfg.precision)
+        memory = IntervalPeakMemory(s.device)
+        memory.reset()
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         try:
@@ -101,15 +103,17 @@ class Trainer:
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_sec": tokens_per_sec,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
-                        "memory_gb": peak_memory_gb(s.device),
+                        **memory.read(),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
                     }
                     if do_eval:
                         record["val_loss"] = self.evaluate()
                     logger.log(record)
+                    memory.reset()
                 if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
                     checkpoints.save(self.step)
+                    memory.reset()   # checkpoint staging is not a training step's memory
             checkpoints.finish()
         finally:
             logger.close()

@@ -217,6 +217,7 @@ class TorchStrategy(Strategy):
         super().__init__(cfg)
         self.precision = build_precision(cfg, self.device, autocast=self.precision_autocast)
         self._async_group = None
+        self._stager = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -267,8 +268,16 @@ class TorchStrategy(Strategy):
         # interleave with the training step's on the default group.
         if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
+        if self._stager is None:
+            self._stager = dcp_state.reusable_stager(self.device)
         return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
-                              self.precision, background=True, group=self._async_group)
+                              self.precision, background=True, group=self._async_group, stager=self._stager)
+
+    def teardown(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        super().teardown()
 
     def load_checkpoint(self, path: str) -> None:
         dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
