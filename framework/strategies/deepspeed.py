@@ -47,7 +47,9 @@ class DeepSpeedOptions(ParallelConfig):
     # precision=fp16: DeepSpeed's extras to precision.init_scale / growth_interval
     hysteresis: int = 2                     # overflows tolerated before the scale backs off
     min_loss_scale: float = 1.0
-    use_deepspeed_optimizer: bool = False   # DeepSpeed builds Adam(W) itself (DeepSpeedCPUAdam when offloading)
+    # DeepSpeed builds Adam(W) itself: FusedAdam / DeepSpeedCPUAdam where deepspeed's ops are prebuilt,
+    # else (CUDA) torch's Adam(W) inside DeepSpeed, as those kernels would need nvcc at run time
+    use_deepspeed_optimizer: bool = False
     ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
     overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
 
