@@ -1,5 +1,5 @@
 """What the job's device means for a process: CUDA or CPU, how many workers the node can hold,
-the process-group backend, CPU threads per worker, native bf16 and TF32 matmuls.
+the process group (backend, a world of one), CPU threads per worker, native bf16 and TF32 matmuls.
 
 Every CUDA question here reads device properties only: none opens a CUDA context, so the launcher
 and torchrun ranks can ask before a worker has picked its GPU.
@@ -7,6 +7,7 @@ and torchrun ranks can ask before a worker has picked its GPU.
 from __future__ import annotations
 
 import os
+import socket
 
 import torch
 
@@ -50,7 +51,7 @@ def default_world_size(cfg, strategy_cls) -> int:
     """Workers to spawn when neither torchrun nor launcher.nproc_per_node says: one per visible GPU on
     CUDA where the strategy leaves the count open, else what its degrees (or its CPU default) ask for."""
     if device_type(cfg) == "cuda" and world_size_is_open(cfg, strategy_cls):
-        return torch.cuda.device_count()
+        return max(1, torch.cuda.device_count())
     return strategy_cls.default_world_size(cfg)
 
 
@@ -63,6 +64,18 @@ def process_group_backend(cfg, device: torch.device) -> str:
         return "gloo"
     z = cfg.zero
     return "cuda:nccl,cpu:gloo" if z.offload_params or z.offload_optimizer else "nccl"
+
+
+def join_one_process_world() -> None:
+    """Make this process a world of one (rank 0, a free local port) where no launcher made it a rank:
+    parallel strategies need a process group even when they run alone (one GPU, one worker)."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 def threads_per_worker(local_world: int) -> int:

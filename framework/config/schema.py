@@ -129,7 +129,7 @@ class LauncherConfig:
     nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need
     max_restarts: int = 0
     monitor_interval: float = 0.1
-    backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
+    backend: Optional[str] = None           # null = nccl on CUDA (plus gloo when offloading), gloo otherwise
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 from framework.checkpoint import dcp_state
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
-from framework.devices import prepare_worker, process_group_backend
+from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
 from framework.precision import build_precision, validate_precision
@@ -33,6 +33,8 @@ class Strategy:
     zero_support: dict[int, str | None] = {0: None}
     precisions: tuple[str, ...] = ("fp32",)
     activation_checkpointing: tuple[str, ...] = ("none",)
+    #: wrappers and meshes need a process group, even for a world of one (one worker on one GPU)
+    needs_process_group = True
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many
@@ -100,6 +102,8 @@ class Strategy:
 
     def setup_distributed(self) -> None:
         prepare_worker(self.cfg, self.device)
+        if self.needs_process_group:
+            join_one_process_world()
         if "WORLD_SIZE" in os.environ and not dist.is_initialized():
             dist.init_process_group(backend=process_group_backend(self.cfg, self.device),
                                     device_id=self.device if self.device.type == "cuda" else None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -52,12 +51,6 @@ class DeepSpeedOptions(ParallelConfig):
     use_deepspeed_optimizer: bool = False
     ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
     overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DeepSpeedStrategy(Strategy):
@@ -125,13 +118,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine = None
         self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
         self.ds_config: dict = {}
-
-    def setup_distributed(self) -> None:
-        if "WORLD_SIZE" not in os.environ:
-            # One process without a launcher: DeepSpeed still wants a process group.
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        super().setup_distributed()
 
     def setup(self, build_model, build_optimizer, build_scheduler) -> None:
         import deepspeed
