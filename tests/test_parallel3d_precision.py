@@ -8,7 +8,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from framework.strategies import parallel3d
-from tests.helpers import FAST, max_rel_diff, train
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
 
 
 def _policy_3d_applies(compose_config, monkeypatch, *args):
@@ -32,10 +32,16 @@ def test_3d_passes_the_fsdp_mixed_precision_policy(compose_config, monkeypatch):
     assert _policy_3d_applies(compose_config, monkeypatch) == MixedPrecisionPolicy()
 
 
-def test_bf16_pipeline_over_sharded_data_parallel_tracks_fp32(tmp_path, single_reference):
+def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp_path, single_reference):
     """pp=2 x dp_shard=2: FSDP2 casts each stage's parameters to bf16, so the activations the stages
-    send each other are bf16 too; the pipeline's buffers come from the first real step, so they agree."""
-    got = train(tmp_path, "3d_bf16", ["parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2",
-                                      "zero=stage3", "precision=bf16"])
+    send each other are bf16 too (they were fp32 under autocast alone)."""
+    run_dir = tmp_path / "3d_bf16"
+    proc = run_framework([*FAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2",
+                          "zero=stage3", "precision=bf16"], run_dir, torchrun_nproc=4,
+                         module="tests.fixtures.pipeline_sends")
+    check_ok(proc)
+    assert sorted(set(line for line in proc.stdout.splitlines() if line.startswith("SEND"))) == \
+        ["SEND 0 torch.bfloat16"]
+    got = losses(run_dir)
     assert all(math.isfinite(x) for x in got) and got[-1] < got[0]
     assert max_rel_diff(single_reference(), got) <= 1e-2
