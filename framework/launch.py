@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
+from framework.devices import default_world_size
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -32,7 +33,7 @@ def is_rank_zero() -> bool:
 def world_size_for(cfg: DictConfig, strategy_cls) -> int:
     if under_torchrun():
         return int(os.environ["WORLD_SIZE"])
-    return cfg.launcher.nproc_per_node or strategy_cls.default_world_size(cfg)
+    return cfg.launcher.nproc_per_node or default_world_size(cfg, strategy_cls)
 
 
 def agree_run_dir(candidate: str) -> str:

@@ -14,7 +14,7 @@ from framework.checkpoint.manager import CheckpointManager, elastic_restart, res
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.metrics.logger import MetricsLogger, truncate_metrics
-from framework.metrics.memory import peak_memory_gb
+from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
@@ -76,7 +76,9 @@ class Trainer:
             truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
-        peak = peak_flops(s.device, cfg.logging)
+        peak = peak_flops(s.device, cfg.logging, cfg.precision)
+        memory = IntervalPeakMemory(s.device)
+        memory.reset()
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         faults.inject("startup", self.step)
@@ -107,7 +109,7 @@ class Trainer:
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_sec": tokens_per_sec,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
-                        "memory_gb": peak_memory_gb(s.device),
+                        **memory.read(),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
                     }
@@ -115,8 +117,10 @@ class Trainer:
                         faults.inject("eval", self.step)
                         record["val_loss"] = self.evaluate()
                     logger.log(record)
+                    memory.reset()
                 if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
                     checkpoints.save(self.step)
+                    memory.reset()   # checkpoint staging is not a training step's memory
                 watchdog.beat(self.step)
             checkpoints.finish()
         finally:

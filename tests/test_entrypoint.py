@@ -7,7 +7,7 @@ import yaml
 
 from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework, run_in_own_session
 
-METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb"}
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "memory_reserved_gb"}
 
 
 def test_default_job_learns(tmp_path):

@@ -18,6 +18,7 @@ from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metada
                                          load_tensors_only)
 from framework.config.errors import ConfigError
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
+from framework.devices import check_visible_gpus
 from framework.optim.schedulers import SCHEDULES
 
 LLAMA_TARGET = "framework.models.llama.Llama"
@@ -183,6 +184,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
         raise ConfigError("device", f"unknown device {cfg.device!r}; use auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
+    check_visible_gpus(cfg, world_size)
     _importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
