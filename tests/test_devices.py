@@ -2,7 +2,7 @@
 backend, one worker per GPU, native bf16 on the worker's own GPU, TF32, and CPU threads per worker.
 """
 import os
-from types import SimpleNamespace
+from datetime import timedelta
 
 import pytest
 import torch
@@ -61,6 +61,9 @@ def test_setup_distributed_creates_the_group_with_that_backend(composer, monkeyp
     calls = []
     monkeypatch.setattr(base.dist, "is_initialized", lambda: False)
     monkeypatch.setattr(base.dist, "init_process_group", lambda **kw: calls.append(kw))
+    c10d = base.dist.distributed_c10d     # init_default_group sets the default timeout of later groups
+    monkeypatch.setattr(c10d, "default_pg_timeout", c10d.default_pg_timeout)
+    monkeypatch.setattr(c10d, "default_pg_nccl_timeout", c10d.default_pg_nccl_timeout)
     # A spawned worker's environment: the elastic agent sets LOCAL_WORLD_SIZE, nobody sets OMP_NUM_THREADS.
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -70,7 +73,8 @@ def test_setup_distributed_creates_the_group_with_that_backend(composer, monkeyp
     strategy = base.Strategy(cfg)
     strategy.device = torch.device("cuda", 0)   # as _pick_device returns on a GPU
     strategy.setup_distributed()
-    assert calls == [{"backend": "cuda:nccl,cpu:gloo", "device_id": torch.device("cuda", 0)}]
+    assert calls == [{"backend": "cuda:nccl,cpu:gloo", "device_id": torch.device("cuda", 0),
+                      "timeout": timedelta(seconds=cfg.launcher.timeout_s)}]
     assert threads == [8]                                     # 16 cores / 2 local workers, on CUDA too
     assert torch.backends.cuda.matmul.allow_tf32 is False     # precision.allow_tf32=false reaches the worker
 
