@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import uuid
 from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework import exit_codes
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
@@ -89,6 +91,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
 
 
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -102,10 +105,19 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="spawn",
     )
+    # The agent passes the signals it handles on to the workers, which checkpoint and exit REQUEUE.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
+        dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *cfg.launcher.preempt_signals]))
     try:
         elastic_launch(config, worker_entry)(os.path.abspath(run_dir))
+    except SignalException as e:
+        if signal.Signals(e.sigval).name in cfg.launcher.preempt_signals:
+            sys.exit(exit_codes.REQUEUE)
+        raise
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode == exit_codes.REQUEUE:
+            sys.exit(exit_codes.REQUEUE)
         message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
         print(f"error: worker rank {rank} failed with exit code {failure.exitcode}: "
               f"{message or 'see its output above'}", file=sys.stderr)

@@ -18,6 +18,7 @@ from framework.metrics.mfu import mfu, peak_flops
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
+from framework.preemption import Preempted, PreemptionWatch
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -76,6 +77,7 @@ class Trainer:
         peak = peak_flops(s.device, cfg.logging)
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
+        preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
@@ -108,8 +110,15 @@ class Trainer:
                     if do_eval:
                         record["val_loss"] = self.evaluate()
                     logger.log(record)
-                if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
+                saved = checkpoints.should_save(self.step, is_last) and math.isfinite(loss)
+                if saved:
                     checkpoints.save(self.step)
+                if not is_last and preemption.stop_requested():
+                    if cfg.checkpoint.enabled and not saved:
+                        checkpoints.save(self.step)
+                    checkpoints.finish()
+                    raise Preempted(self.step, preemption.received)
             checkpoints.finish()
         finally:
+            preemption.close()
             logger.close()

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from framework import exit_codes
+from framework.preemption import Preempted
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -13,7 +16,14 @@ from framework.trainer import Trainer
 def run_worker(cfg, run_dir: str) -> None:
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
-    Trainer(cfg, strategy, run_dir).fit()
+    try:
+        Trainer(cfg, strategy, run_dir).fit()
+    except Preempted as e:
+        strategy.teardown()
+        if strategy.is_main:
+            print(f"preempted: {e}; the checkpoint is saved, exit {exit_codes.REQUEUE} asks for a requeue "
+                  f"(run again with checkpoint.resume=auto)", file=sys.stderr)
+        sys.exit(exit_codes.REQUEUE)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
     strategy.teardown()
