@@ -1,5 +1,5 @@
 """Where the job runs: in this process, in workers spawned through torch's elastic launcher,
-or as one worker of an outer torchrun.
+or as one worker of an outer torchrun, SLURM step or Kubeflow pod (framework.cluster.env says which).
 
 Validation happens here, before any worker or process group exists. Spawned workers do not
 compose the config again: they read the resolved config that the parent wrote to the run dir.
@@ -16,6 +16,7 @@ from datetime import timedelta
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
+from framework.cluster.env import Node, Worker, discover
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
@@ -28,13 +29,28 @@ def under_torchrun() -> bool:
 
 
 def is_rank_zero() -> bool:
+    placement = discover(os.environ)
+    if placement is not None:
+        return placement.is_rank_zero
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def nproc_for_node(cfg: DictConfig, strategy_cls, node: Node | None) -> int:
+    if node is None:
+        return cfg.launcher.nproc_per_node or strategy_cls.default_world_size(cfg)
+    return (node.nproc_per_node or cfg.launcher.nproc_per_node
+            or max(1, strategy_cls.default_world_size(cfg) // node.max_nodes))
 
 
 def world_size_for(cfg: DictConfig, strategy_cls) -> int:
     if under_torchrun():
         return int(os.environ["WORLD_SIZE"])
-    return cfg.launcher.nproc_per_node or strategy_cls.default_world_size(cfg)
+    placement = discover(os.environ)
+    if isinstance(placement, Worker):
+        return placement.world_size
+    if isinstance(placement, Node):
+        return nproc_for_node(cfg, strategy_cls, placement) * placement.max_nodes
+    return nproc_for_node(cfg, strategy_cls, None)
 
 
 def agree_run_dir(candidate: str) -> str:
@@ -44,6 +60,9 @@ def agree_run_dir(candidate: str) -> str:
     Rank 0 publishes its run dir there (keeping an earlier one after an elastic restart, so a
     restarted group resumes in the same dir); the others wait for it.
     """
+    placement = discover(os.environ)
+    if placement is not None and placement.job_id:
+        return os.path.join("outputs", placement.source, placement.job_id)   # every node derives the same
     if not under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return candidate
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
@@ -84,23 +103,33 @@ def run(cfg: DictConfig, run_dir: str) -> None:
         OmegaConf.save(cfg, os.path.join(run_dir, RESOLVED_CONFIG), resolve=True)
 
     from framework.worker import run_worker
-    if under_torchrun() or world_size == 1:
+    placement = discover(os.environ)
+    if isinstance(placement, Worker):
+        os.environ.update(placement.torch_env())
+    if under_torchrun() or isinstance(placement, Worker) or world_size == 1:
         run_worker(cfg, run_dir)
     else:
-        spawn_workers(cfg, world_size, run_dir)
+        spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
 
 
-def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
+def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:
+    """nproc workers on this host; with `node`, this host's share of a multi-node group that meets at
+    the node's rendezvous (static: ranks follow the node rank; c10d: nodes join in any order)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from framework.worker import worker_entry
 
+    rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    if node is not None:
+        rendezvous = dict(min_nodes=node.min_nodes, max_nodes=node.max_nodes,
+                          run_id=node.job_id or f"framework-{node.master_port}", rdzv_backend=node.rdzv_backend,
+                          rdzv_endpoint=f"{node.master_addr}:{node.master_port}",
+                          rdzv_configs={"rank": node.node_rank} if node.rdzv_backend == "static" else {})
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-        run_id=f"framework-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+        nproc_per_node=nproc, **rendezvous,
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="spawn",
@@ -109,7 +138,8 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
         dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *cfg.launcher.preempt_signals]))
     try:
-        elastic_launch(config, worker_entry)(os.path.abspath(run_dir))
+        # The resolved config travels with the call: other nodes may not see rank 0's run dir yet.
+        elastic_launch(config, worker_entry)(os.path.abspath(run_dir), OmegaConf.to_yaml(cfg, resolve=True))
     except SignalException as e:
         if signal.Signals(e.sigval).name in cfg.launcher.preempt_signals:
             sys.exit(exit_codes.REQUEUE)

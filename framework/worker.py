@@ -1,7 +1,6 @@
 """One training process: build the strategy, train, tear down."""
 from __future__ import annotations
 
-import os
 import sys
 
 from omegaconf import OmegaConf
@@ -30,8 +29,6 @@ def run_worker(cfg, run_dir: str) -> None:
 
 
 @record
-def worker_entry(run_dir: str) -> None:
-    """Entry point of a spawned worker: the resolved config the parent validated and saved."""
-    from framework.launch import RESOLVED_CONFIG
-    cfg = OmegaConf.load(os.path.join(run_dir, RESOLVED_CONFIG))
-    run_worker(cfg, run_dir)
+def worker_entry(run_dir: str, config_yaml: str) -> None:
+    """Entry point of a spawned worker: the resolved config the parent validated."""
+    run_worker(OmegaConf.create(config_yaml), run_dir)
