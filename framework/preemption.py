@@ -18,9 +18,10 @@ import torch.distributed as dist
 class Preempted(Exception):
     """Raised by the trainer after the checkpoint of `step` is on disk."""
 
-    def __init__(self, step: int, signal_name: str):
+    def __init__(self, step: int, signal_name: str, signum: int | None):
         super().__init__(f"stopped after step {step} on {signal_name}")
         self.step = step
+        self.signum = signum     # None when the signal reached another rank only
 
 
 def signal_number(name: str) -> int | None:
@@ -34,6 +35,7 @@ class PreemptionWatch:
     def __init__(self, signal_names, device: torch.device):
         self.device = device
         self.received: str | None = None
+        self.signum: int | None = None
         self._previous = {}
         if threading.current_thread() is not threading.main_thread():
             return   # Python delivers signals to the main thread only; whoever runs us there handles them
@@ -43,6 +45,7 @@ class PreemptionWatch:
 
     def _note(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        self.signum = signum
 
     def stop_requested(self) -> bool:
         """True on every rank if any rank received a signal (a collective: call it on all ranks)."""
@@ -58,3 +61,10 @@ class PreemptionWatch:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous = {}
+
+
+def pass_on(signum: int | None) -> None:
+    """Once the checkpoint is saved and our handlers are gone, a handler that was there before ours gets
+    the signal too: under submitit that is its requeue (rank 0 resubmits the job and exits)."""
+    if signum is not None and callable(signal.getsignal(signum)):
+        signal.raise_signal(signum)

@@ -117,7 +117,7 @@ class Trainer:
                     if cfg.checkpoint.enabled and not saved:
                         checkpoints.save(self.step)
                     checkpoints.finish()
-                    raise Preempted(self.step, preemption.received)
+                    raise Preempted(self.step, preemption.received, preemption.signum)
             checkpoints.finish()
         finally:
             preemption.close()

@@ -7,7 +7,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from framework import exit_codes
-from framework.preemption import Preempted
+from framework.preemption import Preempted, pass_on
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -22,6 +22,7 @@ def run_worker(cfg, run_dir: str) -> None:
         if strategy.is_main:
             print(f"preempted: {e}; the checkpoint is saved, exit {exit_codes.REQUEUE} asks for a requeue "
                   f"(run again with checkpoint.resume=auto)", file=sys.stderr)
+        pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.

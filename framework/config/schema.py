@@ -129,8 +129,9 @@ class LauncherConfig:
     max_restarts: int = 0
     monitor_interval: float = 0.1
     backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
-    # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me)
-    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me):
+    # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
 
 
 @dataclass
