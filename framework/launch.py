@@ -19,6 +19,7 @@ from framework import exit_codes
 from framework.cluster.env import Node, Worker, discover
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
+from framework.metrics.logger import final_value
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -87,8 +88,8 @@ def _remove_if_only_hydra_files(run_dir: str) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def run(cfg: DictConfig, run_dir: str) -> None:
-    """Validate, then train; returns normally on success, exits 2 on a configuration error."""
+def run(cfg: DictConfig, run_dir: str) -> float | None:
+    """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
         strategy_cls = strategy_class(cfg.parallel.name)
         world_size = world_size_for(cfg, strategy_cls)
@@ -110,6 +111,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
         run_worker(cfg, run_dir)
     else:
         spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
+    return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
 
 
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:

@@ -110,6 +110,7 @@ class TrainerConfig:
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does
     progress_bar: bool = True
+    objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
 
 
 @dataclass
