@@ -6,6 +6,7 @@ compose the config again: they read the resolved config that the parent wrote to
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import signal
@@ -136,6 +137,9 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="spawn",
     )
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        # a joblib (loky) sweep worker: its children could not set up loky's start method
+        multiprocessing.set_start_method("spawn", force=True)
     # The agent passes the signals it handles on to the workers, which checkpoint and exit REQUEUE.
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
         dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *cfg.launcher.preempt_signals]))
