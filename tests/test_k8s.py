@@ -89,3 +89,23 @@ def test_an_invalid_config_is_refused_before_any_manifest():
     proc = k8s("--kind", "trainjob", "--image", "i", "--nodes", "2", "--gpus-per-node", "8", "parallel=fsdp", "zero=none")
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].startswith("error: zero: parallel=fsdp does not do zero=none")
+
+
+def _readme_k8s_commands() -> list[list[str]]:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    lines = [line.split("|")[0].split() for line in text.splitlines() if line.startswith("python -m framework.k8s ")]
+    assert len(lines) == 2
+    return [line[3:] for line in lines]
+
+
+@pytest.mark.parametrize("args", _readme_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
+def test_readme_k8s_commands_print_valid_manifests(args):
+    docs = documents(k8s(*args))
+    for doc in docs:
+        if doc["kind"] == "PyTorchJob":
+            jsonschema.validate(doc, SCHEMA)
+        elif doc["kind"] == "TrainJob":
+            same(TrainerV1alpha1TrainJob, doc)
+        else:
+            same(IoK8sApiCoreV1ConfigMap, doc)
+    assert len(docs) in (2, 4)
