@@ -2,7 +2,7 @@
 or as one worker of an outer torchrun, SLURM step or Kubeflow pod (framework.cluster.env says which).
 
 Validation happens here, before any worker or process group exists. Spawned workers do not
-compose the config again: they read the resolved config that the parent wrote to the run dir.
+compose the config again: they get the resolved config the parent validated (and wrote to the run dir).
 """
 from __future__ import annotations
 
