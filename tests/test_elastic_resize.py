@@ -36,7 +36,11 @@ def _node(port: int, run_dir, layout: list[str], log) -> subprocess.Popen:
                             stdout=log, stderr=subprocess.STDOUT)
 
 
-@pytest.mark.parametrize("layout", [["parallel=ddp"]], ids=["ddp"])
+@pytest.mark.parametrize("layout", [
+    ["parallel=ddp"],
+    ["parallel=fsdp", "zero=stage3"],
+    ["parallel=3d", "parallel.tp=2", "parallel.pp=1"],    # tp2 x dp2 -> tp2 x dp1
+], ids=["ddp", "fsdp", "3d_tp2"])
 def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, layout):
     reference = tmp_path / "single"
     check_ok(run_framework([*ARGS, "parallel=single", "checkpoint.enabled=false"], reference))
