@@ -3,19 +3,33 @@ import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from framework import launch
+from framework import exit_codes, launch
 from framework.config.store import register_configs
 
 _task_started = False
+_failed_points: set[int] = set()
+
+
+class SweepPointFailed(RuntimeError):
+    """A sweep point that exited non-zero: the sweeper records it (Optuna: a failed trial) and goes on."""
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
-def app(cfg) -> None:
+def app(cfg) -> float | None:
+    """Returns the run's trainer.objective, which a sweeper such as Optuna minimises."""
     global _task_started
     _task_started = True
-    launch.run(cfg, HydraConfig.get().runtime.output_dir)
+    try:
+        return launch.run(cfg, HydraConfig.get().runtime.output_dir)
+    except SystemExit as e:
+        # sys.exit would end the whole sweep; an exception ends only this point.
+        if HydraConfig.get().mode != RunMode.MULTIRUN or e.code not in (exit_codes.USAGE, 1):
+            raise
+        _failed_points.add(e.code)
+        raise SweepPointFailed(f"exit code {e.code}") from None
 
 
 def main() -> None:
@@ -25,9 +39,10 @@ def main() -> None:
     try:
         app()
     except SystemExit as e:
-        # Hydra exits 1 when it cannot compose the config: that is a usage error, so 2.
-        if e.code == 1 and not _task_started:
-            sys.exit(2)
+        # Hydra exits 1 when it cannot compose the config, or when a sweep's points failed and all of them
+        # on their config: those are usage errors, so 2.
+        if e.code == 1 and (not _task_started or _failed_points == {exit_codes.USAGE}):
+            sys.exit(exit_codes.USAGE)
         raise
 
 

@@ -1,22 +1,27 @@
 """Where the job runs: in this process, in workers spawned through torch's elastic launcher,
-or as one worker of an outer torchrun.
+or as one worker of an outer torchrun, SLURM step or Kubeflow pod (framework.cluster.env says which).
 
 Validation happens here, before any worker or process group exists. Spawned workers do not
-compose the config again: they read the resolved config that the parent wrote to the run dir.
+compose the config again: they get the resolved config the parent validated (and wrote to the run dir).
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
+import signal
 import sys
 import uuid
 from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
 
+from framework import exit_codes
+from framework.cluster.env import Node, Worker, discover
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.devices import default_world_size
+from framework.metrics.logger import final_value
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -27,13 +32,28 @@ def under_torchrun() -> bool:
 
 
 def is_rank_zero() -> bool:
+    placement = discover(os.environ)
+    if placement is not None:
+        return placement.is_rank_zero
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def nproc_for_node(cfg: DictConfig, strategy_cls, node: Node | None) -> int:
+    if node is None:
+        return cfg.launcher.nproc_per_node or default_world_size(cfg, strategy_cls)
+    return (node.nproc_per_node or cfg.launcher.nproc_per_node
+            or max(1, default_world_size(cfg, strategy_cls) // node.max_nodes))
 
 
 def world_size_for(cfg: DictConfig, strategy_cls) -> int:
     if under_torchrun():
         return int(os.environ["WORLD_SIZE"])
-    return cfg.launcher.nproc_per_node or default_world_size(cfg, strategy_cls)
+    placement = discover(os.environ)
+    if isinstance(placement, Worker):
+        return placement.world_size
+    if isinstance(placement, Node):
+        return nproc_for_node(cfg, strategy_cls, placement) * placement.max_nodes
+    return nproc_for_node(cfg, strategy_cls, None)
 
 
 def agree_run_dir(candidate: str) -> str:
@@ -43,6 +63,9 @@ def agree_run_dir(candidate: str) -> str:
     Rank 0 publishes its run dir there (keeping an earlier one after an elastic restart, so a
     restarted group resumes in the same dir); the others wait for it.
     """
+    placement = discover(os.environ)
+    if placement is not None and placement.job_id:
+        return os.path.join("outputs", placement.source, placement.job_id)   # every node derives the same
     if not under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return candidate
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
@@ -67,8 +90,8 @@ def _remove_if_only_hydra_files(run_dir: str) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def run(cfg: DictConfig, run_dir: str) -> None:
-    """Validate, then train; returns normally on success, exits 2 on a configuration error."""
+def run(cfg: DictConfig, run_dir: str) -> float | None:
+    """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
         strategy_cls = strategy_class(cfg.parallel.name)
         world_size = world_size_for(cfg, strategy_cls)
@@ -83,48 +106,75 @@ def run(cfg: DictConfig, run_dir: str) -> None:
         OmegaConf.save(cfg, os.path.join(run_dir, RESOLVED_CONFIG), resolve=True)
 
     from framework.worker import run_worker
-    if under_torchrun() or world_size == 1:
+    placement = discover(os.environ)
+    if isinstance(placement, Worker):
+        os.environ.update(placement.torch_env())
+    if under_torchrun() or isinstance(placement, Worker) or world_size == 1:
         run_worker(cfg, run_dir)
     else:
-        spawn_workers(cfg, world_size, run_dir)
+        spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
+    return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
 
 
-def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
-    from torch.distributed.elastic.multiprocessing import SignalException
+def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:
+    """nproc workers on this host; with `node`, this host's share of a multi-node group that meets at
+    the node's rendezvous (static: ranks follow the node rank; c10d: nodes join in any order)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from framework.worker import worker_entry
 
+    rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
+                      rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    if node is not None:
+        rendezvous = dict(min_nodes=node.min_nodes, max_nodes=node.max_nodes,
+                          run_id=node.job_id or f"framework-{node.master_port}", rdzv_backend=node.rdzv_backend,
+                          rdzv_endpoint=f"{node.master_addr}:{node.master_port}",
+                          rdzv_configs={"rank": node.node_rank} if node.rdzv_backend == "static" else {})
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-        run_id=f"framework-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+        nproc_per_node=nproc, **rendezvous,
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="spawn",
     )
+    if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
+        # a joblib (loky) sweep worker: its children could not set up loky's start method
+        multiprocessing.set_start_method("spawn", force=True)
+    # The agent passes the signals it handles on to the workers, which checkpoint and exit REQUEUE.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
+        dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *cfg.launcher.preempt_signals]))
     try:
-        elastic_launch(config, worker_entry)(os.path.abspath(run_dir), os.getpid())
+        # The resolved config travels with the call: other nodes may not see rank 0's run dir yet.
+        elastic_launch(config, worker_entry)(os.path.abspath(run_dir), OmegaConf.to_yaml(cfg, resolve=True),
+                                             os.getpid())
+    except SignalException as e:
+        # The elastic agent has passed the signal on to the workers and stopped them: with a preemption
+        # signal they saved a checkpoint first, and REQUEUE asks the cluster to run the job again.
+        name = signal.Signals(e.sigval).name
+        if name in cfg.launcher.preempt_signals:
+            print(f"stopped by {name} after a checkpoint; exit {exit_codes.REQUEUE} asks to be requeued "
+                  f"(checkpoint.resume=auto continues)", file=sys.stderr)
+            sys.exit(exit_codes.REQUEUE)
+        print(f"error: stopped by {name}; workers stopped", file=sys.stderr)
+        sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
+        if failure.exitcode == exit_codes.REQUEUE:
+            sys.exit(exit_codes.REQUEUE)
         attempts = cfg.launcher.max_restarts + 1
         print(f"error: worker rank {rank} {describe_failure(failure)} "
               f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",
               file=sys.stderr)
         sys.exit(1)
-    except SignalException as e:
-        # The elastic agent has already stopped the workers (SIGTERM, then SIGKILL after a grace period).
-        print(f"error: stopped by {e.sigval.name}; workers stopped", file=sys.stderr)
-        sys.exit(128 + int(e.sigval))
 
 
 def describe_failure(failure) -> str:
     """How a worker died, in a few words: a signal, a stall, or the exception it recorded."""
-    from framework.watchdog import STALL_DIR, STALL_EXIT_CODE
+    from framework.watchdog import STALL_DIR
     if failure.exitcode < 0:
         return f"was killed by {failure.signal_name()}"
-    if failure.exitcode == STALL_EXIT_CODE:
+    if failure.exitcode == exit_codes.STALL:
         return f"stalled (trainer.stall_timeout_s; stacks in <run dir>/{STALL_DIR}/)"
     message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
     first_line = (message or "").strip().splitlines()[-1:] or ["see its output above"]

@@ -19,6 +19,7 @@ from framework.metrics.mfu import mfu, peak_flops
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
+from framework.preemption import Preempted, PreemptionWatch
 from framework.watchdog import StallWatchdog
 
 
@@ -83,6 +84,7 @@ class Trainer:
                                initial_step=self.step)
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
+        preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
@@ -118,11 +120,18 @@ class Trainer:
                         record["val_loss"] = self.evaluate()
                     logger.log(record)
                     memory.reset()
-                if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
+                saved = checkpoints.should_save(self.step, is_last) and math.isfinite(loss)
+                if saved:
                     checkpoints.save(self.step)
                     memory.reset()   # checkpoint staging is not a training step's memory
                 watchdog.beat(self.step)
+                if not is_last and preemption.stop_requested():
+                    if cfg.checkpoint.enabled and not saved:
+                        checkpoints.save(self.step)
+                    checkpoints.finish()
+                    raise Preempted(self.step, preemption.received, preemption.signum)
             checkpoints.finish()
         finally:
             watchdog.stop()
+            preemption.close()
             logger.close()

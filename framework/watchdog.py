@@ -1,7 +1,7 @@
 """The stall watchdog: a hang anyone hits leaves evidence of where, and the job fails instead of waiting.
 
 Every rank runs one. If no training step finishes within `trainer.stall_timeout_s`, the rank writes
-the Python stack of each of its threads to `<run dir>/stall/rank_N.txt` and exits with STALL_EXIT_CODE.
+the Python stack of each of its threads to `<run dir>/stall/rank_N.txt` and exits with exit_codes.STALL.
 The healthy ranks of a stalled job are blocked in a collective waiting for the stalled one, so their
 watchdogs fire within one poll interval of each other; each waits a short grace before exiting, so
 that every rank has written its stacks before the first exit makes the others' collectives fail.
@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-STALL_EXIT_CODE = 75
+from framework import exit_codes
+
 STALL_DIR = "stall"
 
 
@@ -58,4 +59,4 @@ class StallWatchdog:
         print(f"error: stalled: no step finished for {idle:.0f} s after step {self.step} "
               f"(trainer.stall_timeout_s={self.timeout_s:g}); stacks in {self.path}", file=sys.stderr, flush=True)
         time.sleep(2 * self.poll_s + 1.0)
-        os._exit(STALL_EXIT_CODE)
+        os._exit(exit_codes.STALL)

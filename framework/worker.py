@@ -5,10 +5,13 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import sys
 
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from framework import exit_codes
+from framework.preemption import Preempted, pass_on
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -18,7 +21,15 @@ PR_SET_PDEATHSIG = 1
 def run_worker(cfg, run_dir: str) -> None:
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
-    Trainer(cfg, strategy, run_dir).fit()
+    try:
+        Trainer(cfg, strategy, run_dir).fit()
+    except Preempted as e:
+        strategy.teardown()
+        if strategy.is_main:
+            print(f"preempted: {e}; the checkpoint is saved, exit {exit_codes.REQUEUE} asks for a requeue "
+                  f"(run again with checkpoint.resume=auto)", file=sys.stderr)
+        pass_on(e.signum)
+        sys.exit(exit_codes.REQUEUE)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
     strategy.teardown()
@@ -36,9 +47,7 @@ def die_with_parent(launcher_pid: int) -> None:
 
 
 @record
-def worker_entry(run_dir: str, launcher_pid: int) -> None:
-    """Entry point of a spawned worker: the resolved config the parent validated and saved."""
-    from framework.launch import RESOLVED_CONFIG
+def worker_entry(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
+    """Entry point of a spawned worker: the resolved config the parent validated."""
     die_with_parent(launcher_pid)
-    cfg = OmegaConf.load(os.path.join(run_dir, RESOLVED_CONFIG))
-    run_worker(cfg, run_dir)
+    run_worker(OmegaConf.create(config_yaml), run_dir)

@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from framework import exit_codes
 from tests.helpers import FAST, REPO, check_ok, max_rel_diff, read_metrics, run_framework
 
 DDP = [*FAST, "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=true", "checkpoint.interval=4",
@@ -106,7 +107,7 @@ def test_stalled_rank_leaves_every_rank_stack_and_fails(tmp_path):
     assert "forward_backward" in stacks[0] or "optimizer_step" in stacks[0]       # waiting on rank 1
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["SIGTERM", "SIGINT", "SIGKILL"])
 def test_killed_launcher_takes_its_workers_with_it(tmp_path, sig):
     marker = uuid.uuid4().hex
     run_dir = tmp_path / "run"
@@ -125,6 +126,9 @@ def test_killed_launcher_takes_its_workers_with_it(tmp_path, sig):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     _assert_nothing_left(marker)
-    if sig == signal.SIGTERM:
-        assert proc.returncode == 128 + signal.SIGTERM
-        assert stderr.strip().splitlines()[-1] == "error: stopped by SIGTERM; workers stopped"
+    if sig == signal.SIGINT:     # not a preemption signal: the workers are stopped at once
+        assert proc.returncode == 128 + signal.SIGINT
+        assert stderr.strip().splitlines()[-1] == "error: stopped by SIGINT; workers stopped"
+    if sig == signal.SIGTERM:    # a preemption signal (test_preemption checks the checkpoint and resume)
+        assert proc.returncode == exit_codes.REQUEUE
+        assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM after a checkpoint")

@@ -30,3 +30,18 @@ def register_configs() -> None:
     cs.store(group="schema/optimizer", name="sgd", node=schema.SGDConfig)
     cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)
     cs.store(group="schema/data", name="data", node=schema.DataConfig)
+    _sweeper_defaults(cs)
+
+
+def _sweeper_defaults(cs: ConfigStore) -> None:
+    """hydra/sweeper=optuna records a failed or invalid trial as failed and goes on (the plugin's default
+    stops the study at the first). Hydra scans its plugins once, re-running their registrations: after that
+    scan, ours stays."""
+    from hydra.core.plugins import Plugins
+    Plugins.instance()
+    try:
+        from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
+    except ImportError:     # the `sweep` extra is not installed
+        return
+    cs.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf(max_failure_rate=1.0),
+             provider="optuna_sweeper")

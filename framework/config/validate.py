@@ -20,6 +20,7 @@ from framework.config.errors import ConfigError
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
 from framework.devices import check_visible_gpus
 from framework.optim.schedulers import SCHEDULES
+from framework.preemption import signal_number
 
 LLAMA_TARGET = "framework.models.llama.Llama"
 
@@ -176,6 +177,10 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
             raise ConfigError(key, f"must not be negative, got {_select(cfg, key)}")
     if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node <= 0:
         raise ConfigError("launcher.nproc_per_node", f"must be positive, got {cfg.launcher.nproc_per_node}")
+    for name in cfg.launcher.preempt_signals:
+        if signal_number(name) is None or name in ("SIGKILL", "SIGSTOP"):
+            raise ConfigError("launcher.preempt_signals", f"{name!r} is not a signal a process can handle; "
+                                                          f"use names such as SIGTERM, SIGUSR1, SIGUSR2")
     if cfg.scheduler.name not in SCHEDULES:
         raise ConfigError("scheduler.name", f"unknown schedule {cfg.scheduler.name!r}; use {' or '.join(SCHEDULES)}")
     if not 0 <= cfg.scheduler.min_lr_ratio <= 1:

@@ -65,3 +65,16 @@ def truncate_metrics(run_dir: str, after_step: int) -> None:
     with open(tmp, "w") as f:
         f.writelines(kept)
     os.replace(tmp, path)
+
+
+def final_value(run_dir: str, key: str) -> float | None:
+    """The last value of `key` in the run's metrics.jsonl (None if it never logged one)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    value = None
+    with open(path) as f:
+        for line in f:
+            if line.strip() and key in (record := json.loads(line)):
+                value = record[key]
+    return value

@@ -1,0 +1,145 @@
+"""Rank discovery: what the launcher that started this process says about the job, read from its env.
+
+Two shapes come out of it:
+
+- `Worker`: this process is one rank of the group (SLURM or submitit with one task per device, a
+  PyTorchJob pod running one process). Its torch variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+  MASTER_PORT, ...) are exported and the group forms from them (`env://`).
+- `Node`: this process stands for a whole node (Kubeflow Trainer / PyTorchJob with `PET_*`, SLURM or
+  submitit with one task per node) and spawns its workers through torch's elastic launcher, which
+  meets the other nodes at a rendezvous.
+
+torchrun's own workers (TORCHELASTIC_RUN_ID) and a plain process on a laptop give None: launch
+does what it always did. Nothing here touches os.environ; `discover` takes any mapping so every
+launcher's shape is unit-tested with a plain dict.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+# A port in a range no common service uses, the same on every node of a job and different across jobs.
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+def port_for_job(job_id: str) -> int:
+    digits = re.sub(r"\D", "", job_id) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+@dataclass(frozen=True)
+class Worker:
+    source: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    job_id: Optional[str] = None
+
+    def torch_env(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+    @property
+    def is_rank_zero(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class Node:
+    source: str
+    node_rank: int
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: Optional[int]   # None: the launcher did not say; launcher.nproc_per_node decides
+    master_addr: str
+    master_port: int
+    rdzv_backend: str               # static: ranks follow node_rank; c10d: nodes join in any order
+    job_id: Optional[str] = None
+
+    @property
+    def is_rank_zero(self) -> bool:
+        return self.node_rank == 0
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """SLURM's compressed host list -> host names: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
+    hosts = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{i:0{len(lo)}d}")
+    return hosts
+
+
+def _int(env: Mapping[str, str], key: str) -> Optional[int]:
+    value = env.get(key, "")
+    return int(value) if value.strip().isdigit() else None
+
+
+def _nnodes(value: str) -> tuple[int, int]:
+    """torchrun's --nnodes: 'N' or 'MIN:MAX'."""
+    lo, _, hi = value.partition(":")
+    return int(lo), int(hi or lo)
+
+
+def _kubeflow(env: Mapping[str, str]) -> Node | Worker | None:
+    """Kubeflow Trainer v2 (torch-distributed runtime) sets torchrun's PET_* variables; PyTorchJob
+    (kubeflow.org/v1) sets MASTER_ADDR/MASTER_PORT, RANK = the pod's index (a node, not a process) and,
+    with nprocPerNode, PET_NPROC_PER_NODE and WORLD_SIZE = pods x processes per pod."""
+    nproc = _int(env, "PET_NPROC_PER_NODE")
+    addr = env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR")
+    port = _int(env, "PET_MASTER_PORT") or _int(env, "MASTER_PORT")
+    if "PET_NNODES" in env:
+        lo, hi = _nnodes(env["PET_NNODES"])
+    elif nproc and _int(env, "WORLD_SIZE"):
+        lo = hi = _int(env, "WORLD_SIZE") // nproc
+    elif addr and port and _int(env, "WORLD_SIZE") and _int(env, "RANK") is not None:
+        # an older PyTorchJob: one process per pod, RANK is then the process rank too
+        return Worker("pytorchjob", _int(env, "RANK"), _int(env, "WORLD_SIZE"), 0, 1, addr, port)
+    else:
+        return None
+    node_rank = _int(env, "PET_NODE_RANK")
+    if node_rank is None:
+        node_rank = _int(env, "RANK") or 0
+    source = "trainjob" if "PET_NNODES" in env and "RANK" not in env else "pytorchjob"
+    return Node(source, node_rank, lo, hi, nproc, addr or "localhost", port or 29500,
+                "static" if lo == hi else "c10d")
+
+
+def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntasks: str, local_rank: str,
+               nnodes: str, node_id: str, first_host: str) -> Node | Worker | None:
+    tasks, nodes = _int(env, ntasks) or 1, _int(env, nnodes) or 1
+    port = port_for_job(job_id)
+    if tasks == nodes == 1:
+        return None      # one task on one node: spawn workers on this host as on a laptop
+    if tasks == nodes:   # one task per node: it spawns the node's workers, meeting at the first host
+        return Node(source, _int(env, node_id) or 0, nodes, nodes, None, first_host, port, "c10d", job_id)
+    return Worker(source, _int(env, rank) or 0, tasks, _int(env, local_rank) or 0, tasks // nodes,
+                  first_host, port, job_id)
+
+
+def discover(env: Mapping[str, str]) -> Node | Worker | None:
+    if "TORCHELASTIC_RUN_ID" in env and "LOCAL_RANK" in env:
+        return None     # torchrun's worker: torch already set everything up
+    if "SUBMITIT_LOCAL_JOB_ID" in env:
+        # submitit's local executor: the same names submitit.JobEnvironment reads, all on this host
+        return _scheduler(env, "submitit", env["SUBMITIT_LOCAL_JOB_ID"], "SUBMITIT_LOCAL_GLOBALID",
+                          "SUBMITIT_LOCAL_NTASKS", "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_JOB_NUM_NODES",
+                          "SUBMITIT_LOCAL_NODEID", "localhost")
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:
+        # a task of an srun step (submitit's SLURM jobs are such steps); the batch script itself is not
+        job_id = env.get("SLURM_JOB_ID", "0")
+        hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost")
+        return _scheduler(env, "slurm", job_id, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                            "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES",
+                            "SLURM_NODEID", hosts[0])
+    return _kubeflow(env)

@@ -1,0 +1,1 @@
+"""Kubernetes manifests that run a job of this framework (`python -m framework.k8s`)."""

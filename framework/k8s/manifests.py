@@ -1,0 +1,103 @@
+"""Kubeflow manifests for one resolved config: a ConfigMap holding it, and a TrainJob (Kubeflow Trainer v2)
+or a PyTorchJob (training operator v1) whose pods run `python -m framework` on it.
+
+Every pod runs the same command; the operator's env (PET_* / RANK) tells the nodes apart and
+framework.cluster.env turns it into a rendezvous. The run dir (with its checkpoints) lives on a volume
+the user names, so a restarted pod resumes with checkpoint.resume=auto.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+CONFIG_DIR = "/etc/framework"
+CONFIG_VOLUME, RUNS_VOLUME = "config", "runs"
+GPU = "nvidia.com/gpu"
+RUNTIME = "torch-distributed"
+TRAINER_CONTAINER = "node"      # the torch-distributed runtime's container and replicated job
+PYTORCHJOB_CONTAINER = "pytorch"
+
+
+def rfc1035(name: str, limit: int = 63) -> str:
+    """A DNS label: lowercase letters, digits and '-', starting with a letter, at most `limit` long."""
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    label = re.sub(r"-{2,}", "-", label)
+    if not label or not label[0].isalpha():
+        label = f"job-{label}".rstrip("-")
+    return label[:limit].rstrip("-")
+
+
+@dataclass
+class JobSpec:
+    name: str
+    image: str
+    nodes: int
+    procs_per_node: int
+    gpus_per_node: int
+    volume_claim: str
+    runs_path: str
+    env: dict[str, str]
+
+    @property
+    def config_map(self) -> str:
+        return rfc1035(f"{self.name}-config")
+
+    def command(self) -> list[str]:
+        return ["python", "-m", "framework", "--config-path", CONFIG_DIR, "--config-name", "config",
+                f"hydra.run.dir={self.runs_path}/{self.name}", "checkpoint.resume=auto"]
+
+    def env_list(self) -> list[dict]:
+        return [{"name": k, "value": v} for k, v in sorted(self.env.items())]
+
+    def resources(self) -> dict | None:
+        return {"limits": {GPU: str(self.gpus_per_node)}} if self.gpus_per_node else None
+
+    def volumes(self) -> list[dict]:
+        return [{"name": RUNS_VOLUME, "persistentVolumeClaim": {"claimName": self.volume_claim}},
+                {"name": CONFIG_VOLUME, "configMap": {"name": self.config_map}}]
+
+    def volume_mounts(self) -> list[dict]:
+        return [{"name": RUNS_VOLUME, "mountPath": self.runs_path},
+                {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+
+
+def config_map(spec: JobSpec, config_yaml: str) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": spec.config_map},
+            "data": {"config.yaml": config_yaml}}
+
+
+def train_job(spec: JobSpec) -> dict:
+    trainer = {"image": spec.image, "command": spec.command(), "numNodes": spec.nodes,
+               "numProcPerNode": spec.procs_per_node}
+    if spec.env:
+        trainer["env"] = spec.env_list()
+    if spec.resources():
+        trainer["resourcesPerNode"] = spec.resources()
+    pod = {"spec": {"volumes": spec.volumes(),
+                    "containers": [{"name": TRAINER_CONTAINER, "volumeMounts": spec.volume_mounts()}]}}
+    patch = {"manager": "framework.k8s", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": TRAINER_CONTAINER, "template": {"spec": {"template": pod}}}]}}}}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": spec.name},
+            "spec": {"runtimeRef": {"name": RUNTIME}, "trainer": trainer, "runtimePatches": [patch]}}
+
+
+def pytorch_job(spec: JobSpec) -> dict:
+    container = {"name": PYTORCHJOB_CONTAINER, "image": spec.image, "command": spec.command(),
+                 "volumeMounts": spec.volume_mounts()}
+    if spec.env:
+        container["env"] = spec.env_list()
+    if spec.resources():
+        container["resources"] = spec.resources()
+
+    def replicas(n: int) -> dict:
+        # ExitCode: the operator restarts pods that exit 128-255, which includes our requeue code (143)
+        return {"replicas": n, "restartPolicy": "ExitCode",
+                "template": {"spec": {"containers": [container], "volumes": spec.volumes()}}}
+    specs = {"Master": replicas(1)}
+    if spec.nodes > 1:
+        specs["Worker"] = replicas(spec.nodes - 1)
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": spec.name},
+            "spec": {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": specs}}
+
+
+KINDS = {"trainjob": train_job, "pytorchjob": pytorch_job}

@@ -1,0 +1,69 @@
+"""Elastic world size: two torchrun "nodes" (`--nnodes=1:2`, c10d rendezvous, 2 workers each); the node
+not hosting the rendezvous store is SIGKILLed mid-run. The survivor re-forms the group at world size 2,
+resumes from the last checkpoint with the same global batch (gradient accumulation doubles) and ends
+with the losses of an uninterrupted single-process run.
+
+Slow: after the run, torchrun's agent waits out its 300 s exit barrier for the lost node (torch's
+default, which torchrun cannot change from its command line)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, run_framework
+
+STEPS, KILL_AT = 30, 12
+ARGS = [*(a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.micro_batch_size", "checkpoint.enabled"))),
+        f"trainer.max_steps={STEPS}", "trainer.micro_batch_size=1", "checkpoint.enabled=true", "checkpoint.interval=2"]
+
+
+def _logged(run_dir) -> int:
+    try:
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
+def _node(port: int, run_dir, layout: list[str], log) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--max-restarts=3", "--monitor-interval=0.5",
+           "-m", "framework", *ARGS, *layout, f"hydra.run.dir={run_dir}"]
+    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.parametrize("layout", [
+    ["parallel=ddp"],
+    ["parallel=fsdp", "zero=stage3"],
+    ["parallel=3d", "parallel.tp=2", "parallel.pp=1"],    # tp2 x dp2 -> tp2 x dp1
+], ids=["ddp", "fsdp", "3d_tp2"])
+def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, layout):
+    reference = tmp_path / "single"
+    check_ok(run_framework([*ARGS, "parallel=single", "checkpoint.enabled=false"], reference))
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "host.log", "w") as host_log, open(tmp_path / "lost.log", "w") as lost_log:
+        host = _node(port, run_dir, layout, host_log)     # first up: it hosts the rendezvous store
+        time.sleep(1)
+        lost = _node(port, run_dir, layout, lost_log)
+        try:
+            deadline = time.monotonic() + 300
+            while _logged(run_dir) < KILL_AT and host.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            killed_at = _logged(run_dir)
+            os.killpg(lost.pid, signal.SIGKILL)
+            assert host.wait(timeout=900) == 0, (tmp_path / "host.log").read_text()[-4000:]
+        finally:
+            for p in (host, lost):
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+    assert KILL_AT <= killed_at < STEPS, "the node was lost after the run ended: the test proves nothing"
+    got = losses(run_dir)
+    assert len(got) == STEPS
+    assert max_rel_diff(losses(reference), got) <= 1e-5

@@ -1,0 +1,111 @@
+"""`python -m framework.k8s`: TrainJob manifests validate against the kubeflow-trainer-api models, PyTorchJob
+manifests against the PyTorchJob CRD schema; names are RFC 1035 labels; sweeps give one job per point."""
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from kubeflow_trainer_api.models.io_k8s_api_core_v1_config_map import IoK8sApiCoreV1ConfigMap
+from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+from framework.k8s.manifests import rfc1035
+from tests.helpers import run_framework
+
+SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "pytorchjob.kubeflow.org_v1.schema.json").read_text())
+TINY = ["model=tiny", "parallel=fsdp", "zero=stage3", "trainer.global_batch_size=32", "trainer.micro_batch_size=2"]
+LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def k8s(*args: str, env=None):
+    return run_framework(list(args), module="framework.k8s", env=env)
+
+
+def documents(proc) -> list[dict]:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return list(yaml.safe_load_all(proc.stdout))
+
+
+def same(model_cls, doc: dict) -> None:
+    """Round-trip through the API model: a misspelt or misplaced field would be dropped and show here."""
+    assert model_cls.from_dict(doc).to_dict() == doc
+
+
+def test_trainjob_validates_against_the_trainer_api_models():
+    docs = documents(k8s("--kind", "trainjob", "--image", "reg.example/fw:1", "--nodes", "2", "--gpus-per-node", "8",
+                         "--volume-claim", "team-runs", *TINY, env={"NCCL_IB_HCA": "mlx5", "NCCL_DEBUG": "WARN"}))
+    cm, job = docs
+    same(IoK8sApiCoreV1ConfigMap, cm)
+    same(TrainerV1alpha1TrainJob, job)
+    t = job["spec"]["trainer"]
+    assert (job["apiVersion"], job["spec"]["runtimeRef"]["name"]) == ("trainer.kubeflow.org/v1alpha1", "torch-distributed")
+    assert (t["numNodes"], t["numProcPerNode"], t["resourcesPerNode"]["limits"]["nvidia.com/gpu"]) == (2, 8, "8")
+    assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in t["env"] and {"name": "NCCL_DEBUG", "value": "WARN"} in t["env"]
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    volumes = pod["template"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "runs", "persistentVolumeClaim": {"claimName": "team-runs"}} in volumes
+    assert {"name": "config", "configMap": {"name": cm["metadata"]["name"]}} in volumes
+    shipped = yaml.safe_load(cm["data"]["config.yaml"])
+    assert shipped["parallel"]["name"] == "fsdp" and shipped["zero"]["stage"] == 3 and shipped["model"]["dim"] == 32
+
+
+def test_pytorchjob_validates_against_its_crd_schema():
+    cm, job = documents(k8s("--kind", "pytorchjob", "--image", "reg.example/fw:1", "--nodes", "3", "--gpus-per-node", "4",
+                            *TINY, "trainer.global_batch_size=24"))
+    jsonschema.validate(job, SCHEMA)
+    same(IoK8sApiCoreV1ConfigMap, cm)
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert (specs["Master"]["replicas"], specs["Worker"]["replicas"], job["spec"]["nprocPerNode"]) == (1, 2, "4")
+    container = specs["Worker"]["template"]["spec"]["containers"][0]
+    assert container["name"] == "pytorch" and container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert specs["Master"]["restartPolicy"] == "ExitCode"      # retries 128-255: the requeue exit code is 143
+    broken = {**job, "spec": {**job["spec"], "pytorchReplicaSpecs": {"Master": {**specs["Master"], "replicas": "one"}}}}
+    with pytest.raises(jsonschema.ValidationError):     # the schema check is a real one
+        jsonschema.validate(broken, SCHEMA)
+
+
+def test_sweep_gives_one_rfc1035_job_per_point():
+    docs = documents(k8s("--kind", "pytorchjob", "--image", "i", "--nodes", "2", "--name", "Llama_Sweep.v2", "-m",
+                         "launcher.nproc_per_node=1", "model=tiny", "parallel=ddp", "trainer.micro_batch_size=8",
+                         "optimizer.lr=1e-4,3e-4"))
+    names = [d["metadata"]["name"] for d in docs]
+    assert names == ["llama-sweep-v2-0-config", "llama-sweep-v2-0", "llama-sweep-v2-1-config", "llama-sweep-v2-1"]
+    assert all(LABEL.match(n) for n in names)
+    lrs = [yaml.safe_load(d["data"]["config.yaml"])["optimizer"]["lr"] for d in docs if d["kind"] == "ConfigMap"]
+    assert lrs == [1e-4, 3e-4]
+    for job in docs[1::2]:
+        jsonschema.validate(job, SCHEMA)
+        assert f"hydra.run.dir=/runs/{job['metadata']['name']}" in job["spec"]["pytorchReplicaSpecs"]["Master"][
+            "template"]["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("raw", ["My_Job", "7up", "a" * 80, "--x--", "ÜBER job"])
+def test_rfc1035_labels(raw):
+    assert LABEL.match(rfc1035(raw))
+
+
+def test_an_invalid_config_is_refused_before_any_manifest():
+    proc = k8s("--kind", "trainjob", "--image", "i", "--nodes", "2", "--gpus-per-node", "8", "parallel=fsdp", "zero=none")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: zero: parallel=fsdp does not do zero=none")
+
+
+def _readme_k8s_commands() -> list[list[str]]:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    lines = [line.split("|")[0].split() for line in text.splitlines() if line.startswith("python -m framework.k8s ")]
+    assert len(lines) == 2
+    return [line[3:] for line in lines]
+
+
+@pytest.mark.parametrize("args", _readme_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
+def test_readme_k8s_commands_print_valid_manifests(args):
+    docs = documents(k8s(*args))
+    for doc in docs:
+        if doc["kind"] == "PyTorchJob":
+            jsonschema.validate(doc, SCHEMA)
+        elif doc["kind"] == "TrainJob":
+            same(TrainerV1alpha1TrainJob, doc)
+        else:
+            same(IoK8sApiCoreV1ConfigMap, doc)
+    assert len(docs) in (2, 4)

@@ -1,0 +1,28 @@
+"""Sweep points running at the same time on one machine (hydra/launcher=joblib) never collide: each
+2-rank point gets its own rendezvous port, run dir, checkpoints and TensorBoard dir, and the losses
+of a lone run."""
+import pytest
+
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+
+TOL = 1e-5
+ARGS = [a for a in FAST if not a.startswith(("logging.tensorboard", "checkpoint.enabled"))]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("joblib")
+    check_ok(run_framework(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *ARGS, "parallel=ddp",
+                            "launcher.nproc_per_node=2", "logging.tensorboard=true", "checkpoint.enabled=true",
+                            "seed=0,1", f"hydra.sweep.dir={root}"], timeout=600))
+    return root
+
+
+@pytest.mark.parametrize("point", [0, 1])
+def test_parallel_points_keep_their_own_files_and_losses(sweep, single_reference, point):
+    run_dir = sweep / str(point)
+    got = losses(run_dir)
+    assert len(got) == 8
+    assert max_rel_diff(single_reference(f"seed={point}"), got) <= TOL
+    assert len(list((run_dir / "tensorboard").iterdir())) == 1
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000008"]
