@@ -3,8 +3,8 @@ not hosting the rendezvous store is SIGKILLed mid-run. The survivor re-forms the
 resumes from the last checkpoint with the same global batch (gradient accumulation doubles) and ends
 with the losses of an uninterrupted single-process run.
 
-Slow: after the run, torchrun's agent waits out its 300 s exit barrier for the lost node (torch's
-default, which torchrun cannot change from its command line)."""
+torchrun runs through tests/fixtures/torchrun_short_exit_barrier.py: after the run, torch's agent would
+otherwise wait out a 300 s exit barrier for the lost node (torchrun has no flag for it)."""
 import os
 import signal
 import socket
@@ -29,11 +29,18 @@ def _logged(run_dir) -> int:
 
 
 def _node(port: int, run_dir, layout: list[str], log) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=2",
+    cmd = [sys.executable, str(REPO / "tests" / "fixtures" / "torchrun_short_exit_barrier.py"), "--nnodes=1:2", "--nproc-per-node=2",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--max-restarts=3", "--monitor-interval=0.5",
            "-m", "framework", *ARGS, *layout, f"hydra.run.dir={run_dir}"]
     return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
                             stdout=log, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    check_ok(run_framework([*ARGS, "parallel=single", "checkpoint.enabled=false"], run_dir))
+    return losses(run_dir)
 
 
 @pytest.mark.parametrize("layout", [
@@ -41,9 +48,7 @@ def _node(port: int, run_dir, layout: list[str], log) -> subprocess.Popen:
     ["parallel=fsdp", "zero=stage3"],
     ["parallel=3d", "parallel.tp=2", "parallel.pp=1"],    # tp2 x dp2 -> tp2 x dp1
 ], ids=["ddp", "fsdp", "3d_tp2"])
-def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, layout):
-    reference = tmp_path / "single"
-    check_ok(run_framework([*ARGS, "parallel=single", "checkpoint.enabled=false"], reference))
+def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, reference, layout):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
@@ -66,4 +71,4 @@ def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, layout):
     assert KILL_AT <= killed_at < STEPS, "the node was lost after the run ended: the test proves nothing"
     got = losses(run_dir)
     assert len(got) == STEPS
-    assert max_rel_diff(losses(reference), got) <= 1e-5
+    assert max_rel_diff(reference, got) <= 1e-5
