@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
+from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -70,6 +71,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
     """Validate, then train; returns normally on success, exits 2 on a configuration error."""
     try:
         strategy_cls = strategy_class(cfg.parallel.name)
+        apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
         world_size = world_size_for(cfg, strategy_cls)
         validate(cfg, world_size, strategy_cls, run_dir)
     except ConfigError as e:

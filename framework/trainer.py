@@ -10,8 +10,7 @@ from hydra.utils import instantiate
 
 from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
-from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
-from framework.data.sources import load_tokens
+from framework.data.batches import build_samplers, micro_batches
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import peak_memory_gb
 from framework.metrics.mfu import mfu, peak_flops
@@ -44,13 +43,11 @@ class Trainer:
         self.strategy = strategy
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
-        train_tokens, val_tokens = split_train_val(load_tokens(cfg.data), cfg.data.val_fraction)
-        self.train_data = GlobalBatchSampler(train_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed)
-        self.val_data = (GlobalBatchSampler(val_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed,
-                                            shuffle=False) if t.eval_every else None)
+        self.train_data, self.val_data = build_samplers(cfg.data, t.global_batch_size, cfg.seed,
+                                                        with_val=bool(t.eval_every))
         self.step = 0
 
-    def _local_micro_batches(self, sampler: GlobalBatchSampler, step: int):
+    def _local_micro_batches(self, sampler, step: int):
         s = self.strategy
         if not s.needs_batches:
             return []
@@ -104,6 +101,7 @@ class Trainer:
                         "memory_gb": peak_memory_gb(s.device),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
+                        **self.train_data.consumed(self.step),
                     }
                     if do_eval:
                         record["val_loss"] = self.evaluate()

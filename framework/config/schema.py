@@ -86,14 +86,24 @@ class SchedulerConfig:
 
 
 @dataclass
+class MixSourceConfig:
+    path: str = MISSING                 # a prepared dataset dir, a Megatron prefix, or a flat token file
+    weight: float = 1.0                 # relative share of the sequences drawn from this source
+    name: Optional[str] = None          # metrics key tokens/<name>; null = the path's base name
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     seq_len: int = 128
-    # pydoc | text | tokens | synthetic
+    # pydoc | text | tokens | megatron | mix | synthetic
     source: str = MISSING
-    path: Optional[str] = None          # text file or pre-tokenized token file
-    dtype: str = "uint16"               # tokens: uint16 | uint32
-    vocab_size: int = 256               # byte-level for pydoc and text
+    path: Optional[str] = None          # text file; token file or prepared dataset dir; Megatron .bin/.idx prefix
+    dtype: str = "uint16"               # flat token files: uint16 | uint32 (dataset dirs and Megatron say their own)
+    vocab_size: int = 256               # byte-level for pydoc and text; a prepared dataset's manifest sets it
+    eos_id: Optional[int] = None        # from a prepared dataset's manifest
+    tokenizer: Optional[str] = None     # bytes | a tokenizer.json; a prepared dataset's manifest sets it
+    sources: list[MixSourceConfig] = field(default_factory=list)   # mix only
     val_fraction: float = 0.05
     num_tokens: int = 1_000_000         # synthetic only
 
