@@ -55,7 +55,10 @@ def _jsonl(path: str, text_key: str) -> Iterator[str]:
 
 
 def _parquet(path: str, text_key: str) -> Iterator[str]:
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DocumentError(f"{path}: reading Parquet needs pyarrow: pip install 'framework[parquet]'") from None
     try:
         parquet = pq.ParquetFile(path)
     except Exception as e:
