@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -96,12 +97,28 @@ def vocab_size(tok: Tokenizer) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-def load_for_model(spec: str | None) -> Tokenizer:
-    """The tokenizer a checkpoint or export recorded: a tokenizer.json path, or `bytes` (also the
-    default: the byte-level sources record no file)."""
-    if spec in (None, BYTES):
+BYTE_SOURCES = ("pydoc", "text")
+
+
+def record_in(data_cfg, out_dir: str) -> None:
+    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
+    spec = data_cfg.get("tokenizer")
+    if spec and spec != BYTES and os.path.isfile(spec):
+        shutil.copyfile(spec, os.path.join(out_dir, TOKENIZER_FILE))
+
+
+def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
+    """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
+    byte-level sources; None when the run never named one (a flat token file without data.tokenizer)."""
+    copied = os.path.join(step_dir, TOKENIZER_FILE)
+    if os.path.isfile(copied):
+        return load_file(copied)
+    spec = data_cfg.get("tokenizer")
+    if spec == BYTES or (spec is None and data_cfg.get("source") in BYTE_SOURCES):
         return byte_tokenizer()
-    return load_file(spec)
+    if spec and os.path.isfile(spec):
+        return load_file(spec)
+    return None
 
 
 def write_hf_files(tok: Tokenizer, out_dir: str) -> list[str]:
