@@ -21,6 +21,18 @@ class GenerateError(ValueError):
     """A path that holds no usable model or tokenizer."""
 
 
+def next_token(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> int:
+    """One id from last-position logits: argmax at temperature 0, else top-k sampling."""
+    logits = logits.float()
+    if temperature <= 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+
+
 @torch.no_grad()
 def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
            seed: int = 0, eos_id: int | None = None) -> list[int]:
@@ -29,15 +41,7 @@ def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8,
     tokens = list(ids)
     window = model.args.max_seq_len
     for _ in range(max_new_tokens):
-        logits = model(torch.tensor([tokens[-window:]]))[0, -1].float()
-        if temperature <= 0:
-            next_id = int(logits.argmax())
-        else:
-            logits = logits / temperature
-            if 0 < top_k < logits.numel():
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_id = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        next_id = next_token(model(torch.tensor([tokens[-window:]]))[0, -1], temperature, top_k, generator)
         if next_id == eos_id:
             break
         tokens.append(next_id)

@@ -5,7 +5,7 @@ import torch
 
 from framework.data.prepare import prepare
 from tests.fixtures.corpora import write_pydoc_jsonl
-from tests.helpers import FAST, check_ok, run_framework
+from tests.helpers import FAST, check_ok, read_metrics, run_framework
 
 transformers = pytest.importorskip("transformers")
 
@@ -78,3 +78,32 @@ def test_a_path_without_a_model_is_refused_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"error: {tmp_path} is neither a checkpoint step dir (meta.json) "
                                    f"nor an export dir (config.json)")
+
+
+def test_training_logs_the_same_sample_under_single_and_ddp(bpe_model, tmp_path):
+    root, _, _ = bpe_model
+    args = [*FAST, "data=tokens", f"data.path={root / 'dataset'}", "trainer.sample_every=4",
+            "trainer.sample_prompt='The class'", "trainer.sample_tokens=8", "logging.tensorboard=true"]
+    samples = {}
+    for layout in (["parallel=single"], ["parallel=ddp", "launcher.nproc_per_node=2"]):
+        run_dir = tmp_path / layout[0].split("=")[1]
+        proc = run_framework([*args, *layout], run_dir)
+        check_ok(proc)
+        records = [r for r in read_metrics(run_dir) if "sample" in r]
+        samples[layout[0]] = [(r["step"], r["sample"]) for r in records]
+        assert f"step 4 sample: {records[0]['sample']!r}" in proc.stdout
+        assert list((run_dir / "tensorboard").glob("events.*"))
+    assert [step for step, _ in samples["parallel=single"]] == [4, 8]
+    assert all(text.startswith("The class") and len(text) > len("The class") for _, text in samples["parallel=single"])
+    assert samples["parallel=single"] == samples["parallel=ddp"]
+
+
+def test_sampling_without_a_tokenizer_is_refused(tmp_path):
+    import numpy as np
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "tokens.bin")
+    proc = run_framework([*FAST, "data=tokens", f"data.path={tmp_path / 'tokens.bin'}", "data.vocab_size=1000",
+                          "trainer.sample_every=2"], tmp_path / "run")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("error: trainer.sample_every: needs the data's tokenizer; "
+                                                    "data.source=tokens names none: set "
+                                                    "data.tokenizer=/path/to/tokenizer.json")

@@ -116,6 +116,9 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
     eval_batches: int = 4
+    sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
+    sample_prompt: str = ""             # "" = start from the end-of-text token
+    sample_tokens: int = 32
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does

@@ -17,6 +17,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
+from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
 from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
                                     source_name, streams)
@@ -141,6 +142,16 @@ def validate_data_contents(cfg) -> None:
                                                     f"sequence; raise data.val_fraction or set trainer.eval_every=0")
 
 
+def validate_sampling(cfg) -> None:
+    t = cfg.trainer
+    if t.sample_every < 0 or t.sample_tokens <= 0:
+        raise ConfigError("trainer.sample_every" if t.sample_every < 0 else "trainer.sample_tokens",
+                          f"must be {'non-negative' if t.sample_every < 0 else 'positive'}")
+    if t.sample_every and tokenizer.of_data(cfg.data) is None:
+        raise ConfigError("trainer.sample_every", f"needs the data's tokenizer; data.source={cfg.data.source} names "
+                                                  f"none: set data.tokenizer=/path/to/tokenizer.json")
+
+
 def validate_initial_load(cfg, path: str) -> None:
     """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's."""
     key = "checkpoint.initial_load"
@@ -225,6 +236,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
         raise ConfigError("activation_checkpointing.mode",
                           f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
     validate_data_files(cfg)
+    validate_sampling(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)

@@ -113,6 +113,11 @@ def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
     copied = os.path.join(step_dir, TOKENIZER_FILE)
     if os.path.isfile(copied):
         return load_file(copied)
+    return of_data(data_cfg)
+
+
+def of_data(data_cfg) -> Tokenizer | None:
+    """The data's tokenizer: data.tokenizer, else bytes for the byte-level sources, else None."""
     spec = data_cfg.get("tokenizer")
     if spec == BYTES or (spec is None and data_cfg.get("source") in BYTE_SOURCES):
         return byte_tokenizer()
