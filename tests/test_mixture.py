@@ -92,3 +92,44 @@ def test_a_mixture_of_different_tokenizers_is_refused(two_datasets, tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (f"error: data.sources[1].path: {tmp_path / 'bytes'} was tokenized "
                                                     f"with another tokenizer than {two_datasets / 'docs_a'}; "
                                                     f"a mixture needs one vocabulary")
+
+
+@pytest.mark.parametrize("override", [
+    "data.sources=[{path: a, wieght: 0.5}]",      # a misspelt key inside an entry
+    "data.sources=[{path: a, weight: heavy}]",    # a weight that is not a number
+    "data.mixture=[{path: a}]",                   # a key the data group does not have
+])
+def test_bad_mixture_keys_fail_at_compose(compose_config, override):
+    with pytest.raises(Exception, match="wieght|heavy|mixture"):
+        compose_config(["data=mix", override])
+
+
+def test_mixture_sources_are_typed(compose_config):
+    cfg = compose_config(["data=mix", "data.sources=[{path: a, weight: 3}, {path: b}]"])
+    assert [(s.path, s.weight, s.name) for s in cfg.data.sources] == [("a", 3.0, None), ("b", 1.0, None)]
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["data=megatron"], "data.path: is required for data.source=megatron; set data.path=/path/to/prefix"),
+    (["data=megatron", "data.path=/nonexistent/corpus.bin"],
+     "data.path: no /nonexistent/corpus.bin.bin and /nonexistent/corpus.bin.idx; give the prefix without the "
+     "extension: /nonexistent/corpus"),
+    (["data=mix"], "data.sources: is empty"),
+    (["data=mix", "data.sources=[{path: DIR, weight: 0}]"], "data.sources[0].weight: must be positive, got 0.0"),
+    (["data=mix", "data.sources=[{path: DIR}, {path: /nonexistent/b}]"],
+     "data.sources[1].path: no such file, dataset dir or Megatron prefix: /nonexistent/b"),
+    (["data=mix", "data.sources=[{path: DIR, weight: 5000}, {path: DIR, weight: 1, name: other}]"],
+     "data.sources[1].weight: 1.0 is too small a share to draw one sequence in 1024"),
+    (["data=mix", "data.sources=[{path: DIR}, {path: DIR}]"], "data.sources: two sources are named alike"),
+    (["trainer.sample_tokens=0"], "trainer.sample_tokens: must be positive"),
+])
+def test_bad_data_options_are_refused_before_launch(compose_config, tmp_path, overrides, expected):
+    from framework import launch
+    from framework.config.errors import ConfigError
+    from framework.config.validate import validate
+    from framework.strategies.registry import strategy_class
+    cfg = compose_config(["model=tiny", "data.seq_len=32", *[o.replace("DIR", str(tmp_path)) for o in overrides]])
+    cls = strategy_class(cfg.parallel.name)
+    with pytest.raises(ConfigError) as error:
+        validate(cfg, launch.world_size_for(cfg, cls), cls)
+    assert str(error.value).startswith(expected)

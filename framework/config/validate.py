@@ -93,8 +93,8 @@ def _mixture_sources(cfg) -> None:
         raise ConfigError("data.sources", f"two sources are named alike ({', '.join(names)}); give each a name")
     for i, count in enumerate(block_counts([s.weight for s in sources])):
         if count == 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is under 1/{BLOCK} of the total; "
-                                                           f"raise it or drop the source")
+            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is too small a share to draw one "
+                                                           f"sequence in {BLOCK}; raise it or drop the source")
 
 
 def validate_data_files(cfg) -> None:
