@@ -94,3 +94,17 @@ def _data_cfg(dataset):
     from omegaconf import OmegaConf
     return OmegaConf.create({"source": "tokens", "path": str(dataset), "dtype": "uint16", "seq_len": 32,
                              "val_fraction": 0.01, "sources": []})
+
+
+def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
+    """Without the launcher filling data.vocab_size from the manifest, a smaller one is caught from it."""
+    from framework import launch
+    from framework.config.errors import ConfigError
+    from framework.config.validate import validate
+    from framework.strategies.registry import strategy_class
+    cfg = compose_config(["model=tiny", "data=tokens", f"data.path={dataset}", "data.seq_len=32",
+                          "data.vocab_size=300", "model.vocab_size=300"])
+    cls = strategy_class("single")
+    with pytest.raises(ConfigError, match=f"data.vocab_size: {dataset} was tokenized with a vocabulary of 512, "
+                                          f"but data.vocab_size is 300"):
+        validate(cfg, launch.world_size_for(cfg, cls), cls)

@@ -128,6 +128,9 @@ def validate_data_contents(cfg) -> None:
         for stream in found:
             if stream.manifest is None:
                 check_token_range(stream.tokens, data.vocab_size, stream.name)
+            elif stream.manifest["vocab_size"] > data.vocab_size:
+                raise DataError(f"data.vocab_size: {stream.name} was tokenized with a vocabulary of "
+                                f"{stream.manifest['vocab_size']}, but data.vocab_size is {data.vocab_size}")
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
