@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
+from framework.devices import default_world_size
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -33,7 +34,7 @@ def is_rank_zero() -> bool:
 def world_size_for(cfg: DictConfig, strategy_cls) -> int:
     if under_torchrun():
         return int(os.environ["WORLD_SIZE"])
-    return cfg.launcher.nproc_per_node or strategy_cls.default_world_size(cfg)
+    return cfg.launcher.nproc_per_node or default_world_size(cfg, strategy_cls)
 
 
 def agree_run_dir(candidate: str) -> str:
@@ -91,6 +92,7 @@ def run(cfg: DictConfig, run_dir: str) -> None:
 
 
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -105,10 +107,27 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
         start_method="spawn",
     )
     try:
-        elastic_launch(config, worker_entry)(os.path.abspath(run_dir))
+        elastic_launch(config, worker_entry)(os.path.abspath(run_dir), os.getpid())
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
-        print(f"error: worker rank {rank} failed with exit code {failure.exitcode}: "
-              f"{message or 'see its output above'}", file=sys.stderr)
+        attempts = cfg.launcher.max_restarts + 1
+        print(f"error: worker rank {rank} {describe_failure(failure)} "
+              f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",
+              file=sys.stderr)
         sys.exit(1)
+    except SignalException as e:
+        # The elastic agent has already stopped the workers (SIGTERM, then SIGKILL after a grace period).
+        print(f"error: stopped by {e.sigval.name}; workers stopped", file=sys.stderr)
+        sys.exit(128 + int(e.sigval))
+
+
+def describe_failure(failure) -> str:
+    """How a worker died, in a few words: a signal, a stall, or the exception it recorded."""
+    from framework.watchdog import STALL_DIR, STALL_EXIT_CODE
+    if failure.exitcode < 0:
+        return f"was killed by {failure.signal_name()}"
+    if failure.exitcode == STALL_EXIT_CODE:
+        return f"stalled (trainer.stall_timeout_s; stacks in <run dir>/{STALL_DIR}/)"
+    message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+    first_line = (message or "").strip().splitlines()[-1:] or ["see its output above"]
+    return f"failed with exit code {failure.exitcode}: {first_line[0]}"

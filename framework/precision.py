@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from framework.config.errors import ConfigError
+from framework import devices
 
 #: precision.name -> the compute dtype it means (precision.param_dtype must agree)
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -30,10 +31,14 @@ def validate_precision(cfg) -> None:
     if p.param_dtype != COMPUTE_DTYPES[p.name]:
         raise ConfigError("precision.param_dtype", f"precision={p.name} computes in {COMPUTE_DTYPES[p.name]}, "
                                                    f"not {p.param_dtype}; pick the precision group instead")
-    device_type = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    if p.name != "fp32" and not compute_supported(DTYPES[p.param_dtype], device_type):
-        raise ConfigError("precision", f"this {device_type} cannot train in {p.param_dtype}; "
-                                       f"use precision=fp32{' or bf16' if p.name == 'fp16' else ''}")
+    kind = devices.device_type(cfg)
+    if p.name != "fp32" and not compute_supported(DTYPES[p.param_dtype], kind):
+        index = devices.local_gpu()
+        where = f"GPU {index} ({torch.cuda.get_device_name(index)})" if kind == "cuda" else "this cpu"
+        alternative = "fp16 or fp32" if p.name == "bf16" and kind == "cuda" else \
+            f"fp32{' or bf16' if p.name == 'fp16' else ''}"
+        raise ConfigError("precision", f"{where} cannot train in {p.param_dtype} natively; "
+                                       f"use precision={alternative}")
     if p.name == "fp16":
         if p.init_scale <= 0 or p.growth_factor <= 1 or not 0 < p.backoff_factor < 1 or p.growth_interval <= 0:
             raise ConfigError("precision", "loss scaling needs init_scale > 0, growth_factor > 1, "
@@ -44,7 +49,7 @@ def validate_precision(cfg) -> None:
 def compute_supported(dtype: torch.dtype, device_type: str) -> bool:
     """Whether a matmul forward and backward runs in `dtype` here (CPU fp16 kernels depend on the build)."""
     if device_type == "cuda":
-        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+        return dtype != torch.bfloat16 or devices.native_bf16(devices.local_gpu())
     try:
         x = torch.ones(4, 4, requires_grad=True)
         with torch.autocast(device_type, dtype=dtype):

@@ -8,17 +8,19 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
+from framework import faults
 from framework.checkpoint import hf_layout
-from framework.checkpoint.manager import CheckpointManager, resolve_resume
+from framework.checkpoint.manager import CheckpointManager, elastic_restart, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.tokenizer import of_data
 from framework.metrics.logger import MetricsLogger, truncate_metrics
-from framework.metrics.memory import peak_memory_gb
+from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
 from framework.metrics.samples import TextSampler
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
+from framework.watchdog import StallWatchdog
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -74,18 +76,24 @@ class Trainer:
         resume = resolve_resume(cfg, self.run_dir)
         if resume:
             self.step = checkpoints.load(resume)
-            if s.is_main:
-                truncate_metrics(self.run_dir, after_step=self.step)
+        if s.is_main and (resume or elastic_restart()):
+            # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
+            truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
-        peak = peak_flops(s.device, cfg.logging)
+        peak = peak_flops(s.device, cfg.logging, cfg.precision)
+        memory = IntervalPeakMemory(s.device)
+        memory.reset()
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
+        faults.inject("startup", self.step)
+        watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
                 start = time.perf_counter()
                 loss = float(s.forward_backward(self._local_micro_batches(self.train_data, self.step), cross_entropy))
+                faults.inject("step", self.step + 1)
                 lr = s.current_lr()
                 if math.isfinite(loss):
                     grad_norm = s.optimizer_step(t.grad_clip)
@@ -107,18 +115,23 @@ class Trainer:
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_sec": tokens_per_sec,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
-                        "memory_gb": peak_memory_gb(s.device),
+                        **memory.read(),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
                         **self.train_data.consumed(self.step),
                     }
                     if do_eval:
+                        faults.inject("eval", self.step)
                         record["val_loss"] = self.evaluate()
                     if do_sample:
                         record["sample"] = self.sample_text()
                     logger.log(record)
+                    memory.reset()
                 if checkpoints.should_save(self.step, is_last) and math.isfinite(loss):
                     checkpoints.save(self.step)
+                    memory.reset()   # checkpoint staging is not a training step's memory
+                watchdog.beat(self.step)
             checkpoints.finish()
         finally:
+            watchdog.stop()
             logger.close()

@@ -3,12 +3,11 @@
 FAST gives global batch 8 and micro batch 2, so 2 workers accumulate 2 micro-batches per step.
 """
 import json
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
 
 FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
 TOL, OFFLOAD_TOL = 1e-5, 1e-4
@@ -98,9 +97,9 @@ def test_bf16_runs_and_learns_on_the_default_corpus(tmp_path, single_reference):
 def test_engine_checkpoint_round_trip_and_fp32_export(tmp_path):
     args = [*FAST[:5], "optimizer.lr=3e-3", "scheduler.warmup_steps=2", "parallel=deepspeed", "zero=stage3",
             "parallel.stage3_param_persistence_threshold=0"]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    proc = run_in_own_session([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            str(FIXTURES / "checkpoint_roundtrip.py"), str(tmp_path), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, timeout=300)
     check_ok(proc)
     out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert out["a"] == out["b"]                                   # loss, lr and grad norm after load

@@ -10,6 +10,7 @@ import pytest
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies import deepspeed_config as dsc
+from framework.strategies import deepspeed_ops as dso
 from framework.strategies.registry import strategy_class
 from tests.helpers import FAST, REPO
 
@@ -142,3 +143,40 @@ def test_invalid_options_name_the_key(composer, args, expected):
 def test_written_json_round_trips(tmp_path, composer):
     ds = dsc.resolve(composer("zero=stage1"), 2)
     assert json.loads(open(dsc.write(ds, str(tmp_path))).read()) == ds
+
+
+# ---- DeepSpeed's own Adam on CUDA: a prebuilt kernel, or torch's Adam (no nvcc at run time) ----------
+
+@pytest.mark.parametrize("args,op,prebuilt,expected", [
+    ([], "fused_adam", False, True),
+    ([], "fused_adam", True, None),
+    (["zero=stage2", "zero.offload_optimizer=true"], "cpu_adam", False, True),
+    (["zero=stage2", "zero.offload_optimizer=true"], "cpu_adam", True, None),
+])
+def test_deepspeed_adam_on_cuda_is_torch_adam_unless_its_op_is_prebuilt(composer, monkeypatch, args, op,
+                                                                         prebuilt, expected):
+    asked = []
+    monkeypatch.setattr(dso, "prebuilt", lambda name: asked.append(name) or prebuilt)
+    cfg = composer("device=cuda", "parallel.use_deepspeed_optimizer=true", *args)
+    assert dsc.resolve(cfg, 2)["optimizer"]["params"].get("torch_adam") is expected
+    assert asked == [op]
+
+
+def test_deepspeed_adam_on_cpu_is_left_to_deepspeed(composer, monkeypatch):
+    monkeypatch.setattr(dso, "prebuilt", lambda name: pytest.fail("CPU runs never ask for CUDA kernels"))
+    cfg = composer("device=cpu", "parallel.use_deepspeed_optimizer=true")
+    assert "torch_adam" not in dsc.resolve(cfg, 2)["optimizer"]["params"]
+
+
+def test_asking_for_a_kernel_that_cannot_be_built_names_nvcc(composer, monkeypatch):
+    monkeypatch.setattr(dso, "prebuilt", lambda name: False)
+    monkeypatch.setattr(dso, "has_nvcc", lambda: False)
+    cfg = composer("device=cuda", "parallel.use_deepspeed_optimizer=true",
+                   "+parallel.overrides={optimizer: {params: {torch_adam: false}}}")
+    with pytest.raises(ConfigError) as err:
+        dsc.resolve(cfg, 2)
+    assert str(err.value).startswith("parallel.overrides: optimizer.params.torch_adam=false asks for DeepSpeed's "
+                                     "fused_adam kernel, which this deepspeed install did not prebuild")
+    assert "no nvcc" in str(err.value) and "DS_BUILD_FUSED_ADAM=1" in str(err.value)
+    monkeypatch.setattr(dso, "has_nvcc", lambda: True)     # with nvcc DeepSpeed may compile it: the user's call
+    assert dsc.resolve(cfg, 2)["optimizer"]["params"]["torch_adam"] is False

@@ -1,14 +1,13 @@
 """The entrypoint as a user runs it: the embedded default, sweeps, the run dir's contents."""
 import math
 import os
-import subprocess
 import sys
 
 import yaml
 
-from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework
+from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework, run_in_own_session
 
-METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb"}
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "memory_reserved_gb"}
 
 
 def test_default_job_learns(tmp_path):
@@ -63,9 +62,9 @@ def test_worker_failure_makes_the_parent_fail(tmp_path):
 def test_torchrun_ranks_agree_on_one_timestamped_run_dir(tmp_path):
     """Every torchrun rank composes the config itself; without hydra.run.dir they must still share rank 0's
     run dir (a per-rank `${now:...}` would split the job over several dirs)."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    proc = run_in_own_session([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                            "-m", "framework", *FAST, "parallel=ddp"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     check_ok(proc)
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]   # outputs/<date>/<time>

@@ -18,7 +18,7 @@ from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.models.llama import Llama
 from framework.trainer import cross_entropy
-from tests.helpers import FAST, REPO, check_ok, losses, run_framework
+from tests.helpers import FAST, REPO, check_ok, losses, run_framework, run_in_own_session
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,8 +52,8 @@ def step_dir(run_dir: Path) -> Path:
 
 
 def export(ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "framework.export", str(ckpt), str(out), *extra],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return run_in_own_session([sys.executable, "-m", "framework.export", str(ckpt), str(out), *extra],
+                          cwd=REPO, timeout=120)
 
 
 def our_model(ckpt: Path) -> Llama:

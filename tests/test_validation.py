@@ -38,6 +38,8 @@ CASES = [
     (["model=custom", "model._target_=no.such.Module"], "model._target_: cannot import"),
     (["device=tpu"], "device: unknown device 'tpu'"),
     (["launcher.max_restarts=-1"], "launcher.max_restarts: must not be negative"),
+    (["launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
+    (["trainer.stall_timeout_s=-5"], "trainer.stall_timeout_s: must not be negative"),
 ]
 
 # Rejected by Hydra while composing (typed schemas), before our code runs.

@@ -19,13 +19,13 @@ import os
 import random
 import re
 import shutil
-import signal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from framework import faults
 from framework.checkpoint.safety import load_tensors_only
 from framework.data import tokenizer
 
@@ -168,8 +168,8 @@ class CheckpointManager:
 
     def _complete(self, step: int, partial: str, final: str) -> None:
         _barrier()
+        faults.inject("save", step)    # every rank's shard written, the checkpoint not yet complete
         if _rank() == 0:
-            _fault_point("save", step)
             _write_json(os.path.join(partial, TRAINER), {"step": step})
             OmegaConf.save(self.cfg, os.path.join(partial, CONFIG), resolve=True)
             tokenizer.record_in(self.cfg.data, partial)
@@ -204,12 +204,6 @@ class CheckpointManager:
             set_rng_state(load_tensors_only(rng_file))
         with open(os.path.join(path, TRAINER)) as f:
             return int(json.load(f)["step"])
-
-
-def _fault_point(where: str, step: int) -> None:
-    """FRAMEWORK_FAULT=save:<step> SIGKILLs rank 0 in the middle of that save (tests of crash safety)."""
-    if os.environ.get("FRAMEWORK_FAULT") == f"{where}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def rng_state() -> dict:

@@ -38,6 +38,7 @@ class PrecisionConfig:
     name: str = "fp32"                  # fp32 | bf16 | fp16
     param_dtype: str = "float32"        # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: str = "float32"       # gradient reduction dtype (FSDP2); master weights stay fp32
+    allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -123,6 +124,10 @@ class TrainerConfig:
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does
     progress_bar: bool = True
+    # No step finished for this long: every rank writes its stacks to <run dir>/stall/ and the job
+    # fails. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with evidence)
+    # before its peers' collectives time out. 0 = off.
+    stall_timeout_s: float = 900.0
 
 
 @dataclass
@@ -141,7 +146,11 @@ class LauncherConfig:
     nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need
     max_restarts: int = 0
     monitor_interval: float = 0.1
-    backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
+    backend: Optional[str] = None           # null = nccl on CUDA (plus gloo when offloading), gloo otherwise
+    # A collective that cannot complete (a peer died or hangs) raises after this long on every rank,
+    # so the elastic agent restarts the group or gives up. Generous enough for a first DeepSpeed op
+    # build or a large checkpoint on a slow disk; lower it to fail faster.
+    timeout_s: float = 1200.0
 
 
 @dataclass

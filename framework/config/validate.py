@@ -21,6 +21,7 @@ from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
 from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
                                     source_name, streams)
+from framework.devices import check_visible_gpus
 from framework.optim.schedulers import SCHEDULES
 
 LLAMA_TARGET = "framework.models.llama.Llama"
@@ -217,9 +218,9 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
-              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
+              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
-                "scheduler.warmup_steps", "seed"):
+                "scheduler.warmup_steps", "seed", "trainer.stall_timeout_s"):
         if _select(cfg, key) < 0:
             raise ConfigError(key, f"must not be negative, got {_select(cfg, key)}")
     if cfg.launcher.nproc_per_node is not None and cfg.launcher.nproc_per_node <= 0:
@@ -232,6 +233,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
         raise ConfigError("device", f"unknown device {cfg.device!r}; use auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
+    check_visible_gpus(cfg, world_size)
     _importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")

@@ -58,8 +58,14 @@ def truncate_metrics(run_dir: str, after_step: int) -> None:
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return
+    kept = []
     with open(path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= after_step]
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= after_step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):   # blank, or cut short by a kill mid-write
+                pass
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(kept)

@@ -13,9 +13,44 @@ def local_bytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def peak_memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+class IntervalPeakMemory:
+    """Peak memory since the last reset, so each log record covers only its own training steps
+    (the trainer resets after logging, evaluating and checkpointing).
+
+    CUDA: peak allocated (tensors) and peak reserved (tensors plus the caching allocator's free blocks).
+    CPU: both are the process's peak resident set, which Linux lets us reset through /proc/self/clear_refs;
+    elsewhere it is the lifetime peak.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def read(self) -> dict[str, float]:
+        if self.device.type == "cuda":
+            return {"memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30,
+                    "memory_reserved_gb": torch.cuda.max_memory_reserved(self.device) / 2**30}
+        rss = _peak_rss_bytes() / 2**30
+        return {"memory_gb": rss, "memory_reserved_gb": rss}
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")   # resets the peak resident set (VmHWM) to the current one
+        except OSError:
+            pass
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     # ru_maxrss is KiB on Linux, bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (2**30 if sys.platform == "darwin" else 2**20)
+    return rss if sys.platform == "darwin" else rss * 1024

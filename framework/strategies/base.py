@@ -17,8 +17,10 @@ from torch import nn
 from framework.checkpoint import dcp_state
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
+from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
+from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
@@ -32,6 +34,8 @@ class Strategy:
     zero_support: dict[int, str | None] = {0: None}
     precisions: tuple[str, ...] = ("fp32",)
     activation_checkpointing: tuple[str, ...] = ("none",)
+    #: wrappers and meshes need a process group, even for a world of one (one worker on one GPU)
+    needs_process_group = True
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many
@@ -98,13 +102,11 @@ class Strategy:
         return torch.device("cpu")
 
     def setup_distributed(self) -> None:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        if self.device.type == "cpu" and local_world > 1:
-            # Processes on one host share its cores; more threads than cores only thrash.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        prepare_worker(self.cfg, self.device)
+        if self.needs_process_group:
+            join_one_process_world()
         if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-            backend = self.cfg.launcher.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-            dist.init_process_group(backend=backend, device_id=self.device if self.device.type == "cuda" else None)
+            init_default_group(process_group_backend(self.cfg, self.device), self.device, self.cfg.launcher.timeout_s)
 
     @property
     def dp_rank(self) -> int:
@@ -219,6 +221,7 @@ class TorchStrategy(Strategy):
         super().__init__(cfg)
         self.precision = build_precision(cfg, self.device, autocast=self.precision_autocast)
         self._async_group = None
+        self._stager = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -269,8 +272,16 @@ class TorchStrategy(Strategy):
         # interleave with the training step's on the default group.
         if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
+        if self._stager is None:
+            self._stager = dcp_state.reusable_stager(self.device)
         return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
-                              self.precision, background=True, group=self._async_group)
+                              self.precision, background=True, group=self._async_group, stager=self._stager)
+
+    def teardown(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        super().teardown()
 
     def load_checkpoint(self, path: str) -> None:
         dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)

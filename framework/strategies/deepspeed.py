@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -47,15 +46,11 @@ class DeepSpeedOptions(ParallelConfig):
     # precision=fp16: DeepSpeed's extras to precision.init_scale / growth_interval
     hysteresis: int = 2                     # overflows tolerated before the scale backs off
     min_loss_scale: float = 1.0
-    use_deepspeed_optimizer: bool = False   # DeepSpeed builds Adam(W) itself (DeepSpeedCPUAdam when offloading)
+    # DeepSpeed builds Adam(W) itself: FusedAdam / DeepSpeedCPUAdam where deepspeed's ops are prebuilt,
+    # else (CUDA) torch's Adam(W) inside DeepSpeed, as those kernels would need nvcc at run time
+    use_deepspeed_optimizer: bool = False
     ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
     overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DeepSpeedStrategy(Strategy):
@@ -123,13 +118,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine = None
         self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
         self.ds_config: dict = {}
-
-    def setup_distributed(self) -> None:
-        if "WORLD_SIZE" not in os.environ:
-            # One process without a launcher: DeepSpeed still wants a process group.
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                              MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        super().setup_distributed()
 
     def setup(self, build_model, build_optimizer, build_scheduler) -> None:
         import deepspeed

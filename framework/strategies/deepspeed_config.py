@@ -4,7 +4,8 @@
 parallel.*. A user's file (parallel.ds_config) plus parallel.overrides is then laid on top:
 "auto" values are filled from the run, a value that contradicts the run is an error naming
 both, and keys the run does not own (profilers, bucket sizes, ...) pass through.
-Nothing here imports deepspeed: it runs in the launching process during validation.
+Nothing here imports deepspeed (on CUDA only its list of prebuilt ops): it runs in the launching
+process during validation.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.config.errors import ConfigError
+from framework.strategies.deepspeed_ops import choose_adam_kernel
 
 AUTO = "auto"
 _MISSING = object()
@@ -266,6 +268,7 @@ def resolve(cfg, world_size: int) -> dict:
     overrides = OmegaConf.to_container(p.overrides, resolve=True) if p.overrides else {}
     user = load_user_config(p.ds_config) if p.ds_config else {}
     if not user and not overrides:
+        choose_adam_kernel(cfg, generated, "parallel.use_deepspeed_optimizer")
         return generated
     source = f"parallel.ds_config ({p.ds_config})" if p.ds_config else "parallel.overrides"
     if p.ds_config and overrides:
@@ -275,6 +278,7 @@ def resolve(cfg, world_size: int) -> dict:
     if _get(resolved, ("fp16", "enabled")) is True and not has_fp16_hardware(cfg):
         raise ConfigError(source, "fp16.enabled=true cannot run here: DeepSpeed's CPU accelerator has no fp16; "
                                   "use precision=bf16 and set fp16.enabled to \"auto\"")
+    choose_adam_kernel(cfg, resolved, source)
     return resolved
 
 

@@ -29,11 +29,12 @@ from framework.config.schema import ParallelConfig
 from framework.models.llama import init_weights
 from framework.models.llama_parallelize import pipeline_stage, tensor_parallel_plan
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
-from framework.parallel.fsdp import apply_fsdp
+from framework.parallel.fsdp import apply_fsdp, mixed_precision_policy
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
 from framework.parallel.tensor_parallel import apply_tensor_parallel
+from framework.precision import validate_precision
 from framework.strategies.base import TorchStrategy, ZERO_NAMES
 
 LLAMA_TARGET = "framework.models.llama.Llama"
@@ -56,8 +57,9 @@ class Parallel3DStrategy(TorchStrategy):
                     1: "FSDP2 shards gradients together with optimizer states: use zero=stage2, "
                        "or parallel=ddp zero=stage1"}
     activation_checkpointing = ("none", "full", "selective")
-    # bf16 runs under autocast with fp32 master weights; fp16 would need loss scaling inside the
-    # pipeline schedule's own backward, which torch's schedules do not expose.
+    # bf16: FSDP2 all-gathers in precision.param_dtype and reduces in reduce_dtype (the same policy as
+    # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
+    # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16")
 
     # ---- before any worker exists -------------------------------------------------------
@@ -90,6 +92,7 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("precision", f"parallel=3d supports precision={' or '.join(cls.precisions)}, not "
                                            f"{cfg.precision.name}: fp16 loss scaling cannot reach into the pipeline "
                                            f"schedule's backward; bf16 needs no scaling")
+        validate_precision(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"unknown mode {cfg.activation_checkpointing.mode!r}")
@@ -179,8 +182,8 @@ class Parallel3DStrategy(TorchStrategy):
         if ac.mode != "none":
             apply_activation_checkpointing(module, ac, block_classes)
         if mesh_dims.dp > 1:
-            apply_fsdp(module, self.mesh.fsdp,
-                       reshard_after_forward=cfg.zero.stage == 3, block_classes=block_classes)
+            apply_fsdp(module, self.mesh.fsdp, reshard_after_forward=cfg.zero.stage == 3,
+                       mp_policy=mixed_precision_policy(cfg.precision), block_classes=block_classes)
 
     @torch.no_grad()
     def _materialize(self, module: nn.Module) -> None:

@@ -4,6 +4,7 @@ from framework.strategies.base import TorchStrategy
 class SingleDeviceStrategy(TorchStrategy):
     """One process, one device: the reference every parallel layout is checked against."""
     name = "single"
+    needs_process_group = False
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = ("none", "full", "selective")
     zero_support = {0: None,

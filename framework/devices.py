@@ -1,0 +1,112 @@
+"""What the job's device means for a process: CUDA or CPU, how many workers the node can hold,
+the process group (backend, a world of one), CPU threads per worker, native bf16 and TF32 matmuls.
+
+Every CUDA question here reads device properties only: none opens a CUDA context, so the launcher
+and torchrun ranks can ask before a worker has picked its GPU.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from framework.config.errors import ConfigError
+
+
+def device_type(cfg) -> str:
+    """"cuda" or "cpu": what `device=auto|cpu|cuda` resolves to on this machine."""
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return "cuda"
+    return "cpu"
+
+
+def local_workers(world_size: int) -> int:
+    """Workers on this node: torchrun's LOCAL_WORLD_SIZE (1 if it does not say), else every worker
+    (we spawn them all here)."""
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return int(os.environ["LOCAL_WORLD_SIZE"])
+    return 1 if "TORCHELASTIC_RUN_ID" in os.environ else world_size
+
+
+def check_visible_gpus(cfg, world_size: int) -> None:
+    """One GPU per worker: a second rank on one GPU dies at set_device or is refused by NCCL."""
+    if device_type(cfg) != "cuda":
+        return
+    need, gpus = local_workers(world_size), torch.cuda.device_count()
+    if need > gpus:
+        where = "torchrun's --nproc-per-node" if "LOCAL_WORLD_SIZE" in os.environ else "launcher.nproc_per_node"
+        raise ConfigError("launcher.nproc_per_node",
+                          f"{need} workers on this node but {gpus} visible GPU{'s' if gpus != 1 else ''}; "
+                          f"set {where} to at most {gpus} (one GPU per worker) or device=cpu")
+
+
+def world_size_is_open(cfg, strategy_cls) -> bool:
+    """Whether the strategy runs with any number of workers: ddp and deepspeed, or degrees with a -1."""
+    p = cfg.parallel
+    return strategy_cls.default_workers > 1 or -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp)
+
+
+def default_world_size(cfg, strategy_cls) -> int:
+    """Workers to spawn when neither torchrun nor launcher.nproc_per_node says: one per visible GPU on
+    CUDA where the strategy leaves the count open, else what its degrees (or its CPU default) ask for."""
+    if device_type(cfg) == "cuda" and world_size_is_open(cfg, strategy_cls):
+        return max(1, torch.cuda.device_count())
+    return strategy_cls.default_world_size(cfg)
+
+
+def process_group_backend(cfg, device: torch.device) -> str:
+    """gloo on CPU; on CUDA nccl, plus gloo for CPU tensors where offloading leaves some to reduce
+    (FSDP's CPU-offloaded gradient shards in the grad-norm all-reduce)."""
+    if cfg.launcher.backend:
+        return cfg.launcher.backend
+    if device.type != "cuda":
+        return "gloo"
+    z = cfg.zero
+    return "cuda:nccl,cpu:gloo" if z.offload_params or z.offload_optimizer else "nccl"
+
+
+def join_one_process_world() -> None:
+    """Make this process a world of one (rank 0, a free local port) where no launcher made it a rank:
+    parallel strategies need a process group even when they run alone (one GPU, one worker)."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def threads_per_worker(local_world: int) -> int:
+    """This node's cores shared out among its workers (at least one each)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, local_world))
+
+
+def prepare_worker(cfg, device: torch.device) -> None:
+    """Process-wide settings of a worker, before its process group and model exist.
+
+    Threads: torchrun sets OMP_NUM_THREADS=1 (a CPU-offloaded optimizer then steps on one core) and
+    our own spawn sets nothing (every worker would use every core); both become cores / local workers.
+    """
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if local_world > 1:   # one worker alone keeps torch's own default
+        torch.set_num_threads(threads_per_worker(local_world))
+    if device.type == "cuda":
+        # The allow_tf32 flags also set torch's newer fp32_precision switches, so code reading either
+        # API agrees (setting the newer ones makes a read of the old flags raise).
+        torch.backends.cuda.matmul.allow_tf32 = cfg.precision.allow_tf32
+        torch.backends.cudnn.allow_tf32 = cfg.precision.allow_tf32
+
+
+def local_gpu() -> int:
+    """The GPU index this process trains on (the first one in the launcher that spawns the workers)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def native_bf16(device_index: int) -> bool:
+    """bf16 in hardware on this GPU; pre-Ampere GPUs (V100, T4) only emulate it, slowly. torch's
+    device guard only records the index where the GPU has no context yet, so none is opened."""
+    with torch.cuda.device(device_index):
+        return torch.cuda.is_bf16_supported(including_emulation=False)

@@ -1,0 +1,130 @@
+"""Faults never hang: real SIGKILLs, a hung rank, and signals to the launcher, on a real 2-worker job.
+
+Faults are injected through FRAMEWORK_FAULT (framework/faults.py). Every job runs with a marker in its
+environment, so the test can look through /proc for any process of it that outlived the job.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tests.helpers import FAST, REPO, check_ok, max_rel_diff, read_metrics, run_framework
+
+DDP = [*FAST, "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=true", "checkpoint.interval=4",
+       "trainer.eval_every=6", "trainer.eval_batches=1"]
+
+
+def _live_processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"FRAMEWORK_TEST_MARKER={marker}".encode() in f.read():
+                    with open(f"/proc/{pid}/stat") as s:
+                        if s.read().split(") ")[1][0] != "Z":    # a zombie has already exited
+                            found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def _assert_nothing_left(marker: str) -> None:
+    deadline = time.monotonic() + 10
+    while _live_processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _live_processes_with(marker) == []
+
+
+def _job(args, run_dir, fault="", timeout=300):
+    marker = uuid.uuid4().hex
+    proc = run_framework(args, run_dir, timeout=timeout,
+                         env={"FRAMEWORK_FAULT": fault, "FRAMEWORK_TEST_MARKER": marker})
+    _assert_nothing_left(marker)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("clean")
+    check_ok(_job(DDP, run_dir))
+    return read_metrics(run_dir)
+
+
+def test_restarted_group_comes_back_after_kills_anywhere(tmp_path, clean):
+    """One job, killed five times in five places, on rank 0 and rank 1: mid-step before any checkpoint,
+    in the middle of the step-4 save, during start-up, mid-eval after the step-4 checkpoint and mid-step
+    after it. Each restart resumes from the newest complete checkpoint and the curve ends identical."""
+    faults = ",".join([
+        "step:3:rank=1:attempt=0",     # nothing saved yet: the restart begins at step 0
+        "save:4:rank=0:attempt=1",     # step 4 half-written: .partial is ignored, restart at 0
+        "startup:0:rank=1:attempt=2",  # before the first step
+        "eval:6:rank=0:attempt=3",     # step 4 saved this time: the restart resumes from it
+        "step:5:rank=1:attempt=4",
+    ])
+    run_dir = tmp_path / "crashed"
+    proc = _job([*DDP, "launcher.max_restarts=5"], run_dir, fault=faults)
+    check_ok(proc)
+    assert proc.stderr.count("SIGKILL") >= 5 or proc.stderr.count("-9") >= 5, proc.stderr[-3000:]
+    crashed = read_metrics(run_dir)
+    assert [r["step"] for r in crashed] == [r["step"] for r in clean]
+    assert max_rel_diff([r["loss"] for r in clean], [r["loss"] for r in crashed]) <= 1e-6
+    assert max_rel_diff([r["val_loss"] for r in clean if "val_loss" in r],
+                        [r["val_loss"] for r in crashed if "val_loss" in r]) <= 1e-6
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000004", "step_00000008"]
+
+
+def test_worker_killed_on_every_attempt_ends_with_one_line(tmp_path):
+    proc = _job([*DDP, "launcher.max_restarts=2", "launcher.timeout_s=30"], tmp_path / "run",
+                fault="step:2:rank=1", timeout=240)
+    assert proc.returncode not in (0, 2)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == "error: worker rank 1 was killed by SIGKILL (3 attempts, launcher.max_restarts=2)", last
+
+
+def test_collective_that_cannot_complete_raises_within_the_timeout(tmp_path):
+    """Rank 1 hangs outside any collective (watchdog off): rank 0's next all-reduce must time out."""
+    start = time.monotonic()
+    proc = _job([*DDP, "launcher.timeout_s=10", "trainer.stall_timeout_s=0"], tmp_path / "run",
+                fault="step:3:rank=1:do=hang", timeout=240)
+    assert proc.returncode not in (0, 2)
+    assert time.monotonic() - start < 120
+    assert "error: worker rank 0 failed" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_stalled_rank_leaves_every_rank_stack_and_fails(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _job([*DDP, "trainer.stall_timeout_s=4", "launcher.timeout_s=120"], run_dir,
+                fault="step:3:rank=1:do=hang", timeout=100)
+    assert proc.returncode not in (0, 2)
+    assert "stalled" in proc.stderr.strip().splitlines()[-1]
+    stacks = {rank: (run_dir / "stall" / f"rank_{rank}.txt").read_text() for rank in (0, 1)}
+    assert "last finished step: 2" in stacks[1] and "faults.py" in stacks[1]       # where it hangs
+    assert "forward_backward" in stacks[0] or "optimizer_step" in stacks[0]       # waiting on rank 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killed_launcher_takes_its_workers_with_it(tmp_path, sig):
+    marker = uuid.uuid4().hex
+    run_dir = tmp_path / "run"
+    args = [a for a in DDP if not a.startswith("trainer.max_steps")] + ["trainer.max_steps=100000"]
+    proc = subprocess.Popen([sys.executable, "-m", "framework", *args, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                            env={**os.environ, "FRAMEWORK_TEST_MARKER": marker}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_live_processes_with(marker)) >= 3      # the launcher and its two workers
+        proc.send_signal(sig)
+        stderr = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _assert_nothing_left(marker)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert stderr.strip().splitlines()[-1] == "error: stopped by SIGTERM; workers stopped"

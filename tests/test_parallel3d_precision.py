@@ -1,0 +1,47 @@
+"""parallel=3d in bf16 shards with the same FSDP2 MixedPrecisionPolicy as parallel=fsdp: parameters
+all-gathered and stage activations sent in bf16, gradients reduced in precision.reduce_dtype."""
+import math
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from framework.strategies import parallel3d
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+
+
+def _policy_3d_applies(compose_config, monkeypatch, *args):
+    cfg = compose_config([*FAST, "parallel=3d", *args])
+    strategy = parallel3d.Parallel3DStrategy.__new__(parallel3d.Parallel3DStrategy)
+    strategy.cfg, strategy.mesh = cfg, SimpleNamespace(tp=None, fsdp="the fsdp mesh")
+    monkeypatch.setattr(parallel3d, "apply_tensor_parallel", lambda *a, **k: None)
+    monkeypatch.setattr(parallel3d, "tensor_parallel_plan", lambda *a, **k: None)
+    seen = {}
+    monkeypatch.setattr(parallel3d, "apply_fsdp", lambda module, mesh, **kw: seen.update(kw, mesh=mesh))
+    strategy._parallelize(nn.Linear(2, 2), SimpleNamespace(dp=2))
+    assert seen["mesh"] == "the fsdp mesh"
+    return seen["mp_policy"]
+
+
+def test_3d_passes_the_fsdp_mixed_precision_policy(compose_config, monkeypatch):
+    assert _policy_3d_applies(compose_config, monkeypatch, "precision=bf16") == \
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert _policy_3d_applies(compose_config, monkeypatch, "precision=bf16", "precision.reduce_dtype=bfloat16") == \
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+    assert _policy_3d_applies(compose_config, monkeypatch) == MixedPrecisionPolicy()
+
+
+def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp_path, single_reference):
+    """pp=2 x dp_shard=2: FSDP2 casts each stage's parameters to bf16, so the activations the stages
+    send each other are bf16 too (they were fp32 under autocast alone)."""
+    run_dir = tmp_path / "3d_bf16"
+    proc = run_framework([*FAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2",
+                          "zero=stage3", "precision=bf16"], run_dir, torchrun_nproc=4,
+                         module="tests.fixtures.pipeline_sends")
+    check_ok(proc)
+    assert sorted(set(line for line in proc.stdout.splitlines() if line.startswith("SEND"))) == \
+        ["SEND 0 torch.bfloat16"]
+    got = losses(run_dir)
+    assert all(math.isfinite(x) for x in got) and got[-1] < got[0]
+    assert max_rel_diff(single_reference(), got) <= 1e-2
