@@ -20,6 +20,7 @@ from framework import exit_codes
 from framework.cluster.env import Node, Worker, discover
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
+from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.devices import default_world_size
 from framework.metrics.logger import final_value
 from framework.strategies.registry import strategy_class
@@ -94,6 +95,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
     """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
         strategy_cls = strategy_class(cfg.parallel.name)
+        apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
         world_size = world_size_for(cfg, strategy_cls)
         validate(cfg, world_size, strategy_cls, run_dir)
     except ConfigError as e:

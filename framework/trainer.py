@@ -11,11 +11,12 @@ from hydra.utils import instantiate
 from framework import faults
 from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import CheckpointManager, elastic_restart, resolve_resume
-from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
-from framework.data.sources import load_tokens
+from framework.data.batches import build_samplers, micro_batches
+from framework.data.tokenizer import of_data
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
+from framework.metrics.samples import TextSampler
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
@@ -47,13 +48,13 @@ class Trainer:
         self.strategy = strategy
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
-        train_tokens, val_tokens = split_train_val(load_tokens(cfg.data), cfg.data.val_fraction)
-        self.train_data = GlobalBatchSampler(train_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed)
-        self.val_data = (GlobalBatchSampler(val_tokens, cfg.data.seq_len, t.global_batch_size, cfg.seed,
-                                            shuffle=False) if t.eval_every else None)
+        self.train_data, self.val_data = build_samplers(cfg.data, t.global_batch_size, cfg.seed,
+                                                        with_val=bool(t.eval_every))
+        self.text_sampler = (TextSampler(of_data(cfg.data), t.sample_prompt, t.sample_tokens, cfg.data.seq_len,
+                                         t.global_batch_size, cfg.seed) if t.sample_every else None)
         self.step = 0
 
-    def _local_micro_batches(self, sampler: GlobalBatchSampler, step: int):
+    def _local_micro_batches(self, sampler, step: int):
         s = self.strategy
         if not s.needs_batches:
             return []
@@ -63,6 +64,10 @@ class Trainer:
         losses = [self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy)
                   for i in range(self.cfg.trainer.eval_batches)]
         return float(torch.stack(losses).mean())
+
+    def sample_text(self) -> str:
+        return self.text_sampler.run(self.step, lambda source: self.strategy.eval_loss(
+            self._local_micro_batches(source, self.step), source.pick))
 
     def fit(self) -> None:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
@@ -105,7 +110,8 @@ class Trainer:
                 logger.advance()
                 is_last = self.step == last_step
                 do_eval = t.eval_every and (self.step % t.eval_every == 0 or is_last)
-                if do_eval or is_last or self.step == 1 or self.step % t.log_every == 0:
+                do_sample = t.sample_every and self.step % t.sample_every == 0
+                if do_eval or do_sample or is_last or self.step == 1 or self.step % t.log_every == 0:
                     tokens_per_sec = tokens_per_step / elapsed
                     record = {
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
@@ -114,10 +120,13 @@ class Trainer:
                         **memory.read(),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
+                        **self.train_data.consumed(self.step),
                     }
                     if do_eval:
                         faults.inject("eval", self.step)
                         record["val_loss"] = self.evaluate()
+                    if do_sample:
+                        record["sample"] = self.sample_text()
                     logger.log(record)
                     memory.reset()
                 saved = checkpoints.should_save(self.step, is_last) and math.isfinite(loss)

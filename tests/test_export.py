@@ -77,7 +77,7 @@ def test_transformers_loads_the_export_with_our_logits(tmp_path, runs, name):
     out = tmp_path / "hf"
     proc = export(ckpt, out)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
     reimported = our_model(ckpt)
     hf_layout.load_into(reimported, str(out))
@@ -182,4 +182,5 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs):
     _refused(export(step_dir(runs("fsdp_z3")), out), "--force")
     assert os.listdir(out) == ["keep.txt"]
     assert export(step_dir(runs("fsdp_z3")), out, "--force").returncode == 0
-    assert sorted(os.listdir(out)) == ["config.json", "keep.txt", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "keep.txt", "model.safetensors", "tokenizer.json",
+                                       "tokenizer_config.json"]

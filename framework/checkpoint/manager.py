@@ -6,6 +6,7 @@
         trainer.json      step (= data position: batches depend only on seed and step)
         state/            the strategy's own state (DCP shards, or DeepSpeed's engine files)
         rng/rank_00000.pt RNG states per rank (tensors only)
+        tokenizer.json    a copy of the data's tokenizer, when it has one (byte-level data records none)
 
 A save goes to `.step_00000008.partial/` and is renamed into place by rank 0 after every rank
 finished writing, so a crash mid-save leaves only a `.partial` dir that lookups ignore, and the
@@ -26,6 +27,7 @@ from omegaconf import OmegaConf
 
 from framework import faults
 from framework.checkpoint.safety import load_tensors_only
+from framework.data import tokenizer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 META, TRAINER, CONFIG, STATE, RNG = "meta.json", "trainer.json", "config.yaml", "state", "rng"
@@ -170,6 +172,7 @@ class CheckpointManager:
         if _rank() == 0:
             _write_json(os.path.join(partial, TRAINER), {"step": step})
             OmegaConf.save(self.cfg, os.path.join(partial, CONFIG), resolve=True)
+            tokenizer.record_in(self.cfg.data, partial)
             _write_json(os.path.join(partial, META), {
                 "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
                 "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,

@@ -87,14 +87,24 @@ class SchedulerConfig:
 
 
 @dataclass
+class MixSourceConfig:
+    path: str = MISSING                 # a prepared dataset dir, a Megatron prefix, or a flat token file
+    weight: float = 1.0                 # relative share of the sequences drawn from this source
+    name: Optional[str] = None          # metrics key tokens/<name>; null = the path's base name
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     seq_len: int = 128
-    # pydoc | text | tokens | synthetic
+    # pydoc | text | tokens | megatron | mix | synthetic
     source: str = MISSING
-    path: Optional[str] = None          # text file or pre-tokenized token file
-    dtype: str = "uint16"               # tokens: uint16 | uint32
-    vocab_size: int = 256               # byte-level for pydoc and text
+    path: Optional[str] = None          # text file; token file or prepared dataset dir; Megatron .bin/.idx prefix
+    dtype: str = "uint16"               # flat token files: uint16 | uint32 (dataset dirs and Megatron say their own)
+    vocab_size: int = 256               # byte-level for pydoc and text; a prepared dataset's manifest sets it
+    eos_id: Optional[int] = None        # from a prepared dataset's manifest
+    tokenizer: Optional[str] = None     # bytes | a tokenizer.json; a prepared dataset's manifest sets it
+    sources: list[MixSourceConfig] = field(default_factory=list)   # mix only
     val_fraction: float = 0.05
     num_tokens: int = 1_000_000         # synthetic only
 
@@ -107,6 +117,9 @@ class TrainerConfig:
     log_every: int = 10
     eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
     eval_batches: int = 4
+    sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
+    sample_prompt: str = ""             # "" = start from the end-of-text token
+    sample_tokens: int = 32
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does

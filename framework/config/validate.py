@@ -17,7 +17,10 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
-from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
+from framework.data import tokenizer
+from framework.data.mixture import BLOCK, block_counts
+from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
+                                    source_name, streams)
 from framework.devices import check_visible_gpus
 from framework.optim.schedulers import SCHEDULES
 from framework.preemption import signal_number
@@ -71,41 +74,87 @@ def validate_model(cfg) -> None:
                                               f"(data.vocab_size={cfg.data.vocab_size})")
 
 
+def _megatron_prefix(key: str, path: str) -> None:
+    if not os.path.isfile(path + ".idx") or not os.path.isfile(path + ".bin"):
+        hint = (f"; give the prefix without the extension: {path[:-4]}" if path.endswith((".bin", ".idx"))
+                else "")
+        raise ConfigError(key, f"no {path}.bin and {path}.idx{hint}")
+
+
+def _mixture_sources(cfg) -> None:
+    sources = cfg.data.sources
+    if not sources:
+        raise ConfigError("data.sources", "is empty; give data.sources=[{path: A, weight: 0.7}, {path: B, weight: 0.3}]")
+    for i, source in enumerate(sources):
+        if source.weight <= 0:
+            raise ConfigError(f"data.sources[{i}].weight", f"must be positive, got {source.weight}")
+        if path_kind(source.path) is None:
+            raise ConfigError(f"data.sources[{i}].path", f"no such file, dataset dir or Megatron prefix: {source.path}")
+    names = [source_name(s) for s in sources]
+    if len(set(names)) != len(names):
+        raise ConfigError("data.sources", f"two sources are named alike ({', '.join(names)}); give each a name")
+    for i, count in enumerate(block_counts([s.weight for s in sources])):
+        if count == 0:
+            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is too small a share to draw one "
+                                                           f"sequence in {BLOCK}; raise it or drop the source")
+
+
 def validate_data_files(cfg) -> None:
     data = cfg.data
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
-    if data.source in ("text", "tokens"):
-        if not data.path:
-            raise ConfigError("data.path", f"is required for data.source={data.source}; "
-                                           f"set data.path=/path/to/file")
-        if not os.path.isfile(data.path):
-            raise ConfigError("data.path", f"no such file: {data.path}")
-        if data.source == "tokens" and data.dtype not in TOKEN_DTYPES:
-            raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
-    elif data.source not in ("pydoc", "synthetic"):
-        raise ConfigError("data.source", f"unknown source {data.source!r}; use pydoc, text, tokens or synthetic")
+    if data.source in ("text", "tokens", "megatron") and not data.path:
+        raise ConfigError("data.path", f"is required for data.source={data.source}; set data.path=/path/to/"
+                                       f"{'prefix' if data.source == 'megatron' else 'file'}")
+    if data.source == "text" and not os.path.isfile(data.path):
+        raise ConfigError("data.path", f"no such file: {data.path}")
+    elif data.source == "tokens" and not os.path.exists(data.path):
+        raise ConfigError("data.path", f"no such file or dataset dir: {data.path}")
+    elif data.source == "megatron":
+        _megatron_prefix("data.path", data.path)
+    elif data.source == "mix":
+        _mixture_sources(cfg)
+    elif data.source not in SOURCES:
+        raise ConfigError("data.source", f"unknown source {data.source!r}; use {', '.join(SOURCES)}")
+    if data.source in ("tokens", "mix") and data.dtype not in TOKEN_DTYPES:
+        raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
 
 
 def validate_data_contents(cfg) -> None:
-    """Reads the data (a memmap for token files): the last check, after the cheap ones passed."""
+    """Opens the data (memmaps; a prepared dataset's token range comes from its manifest, the others'
+    are scanned): the last check, after the cheap ones passed."""
     data = cfg.data
     try:
-        tokens = load_tokens(data)
-        check_token_range(tokens, data.vocab_size, data.path)
+        found = streams(data)
+        for stream in found:
+            if stream.manifest is None:
+                check_token_range(stream.tokens, data.vocab_size, stream.name)
+            elif stream.manifest["vocab_size"] > data.vocab_size:
+                raise DataError(f"data.vocab_size: {stream.name} was tokenized with a vocabulary of "
+                                f"{stream.manifest['vocab_size']}, but data.vocab_size is {data.vocab_size}")
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
-    train_tokens = len(tokens) - int(len(tokens) * data.val_fraction)
-    if train_tokens < data.seq_len + 1:
-        raise ConfigError("data.seq_len", f"the training split holds {train_tokens} tokens, "
-                                          f"fewer than one sequence of {data.seq_len + 1}")
-    if cfg.trainer.eval_every and int(len(tokens) * data.val_fraction) < data.seq_len + 1:
-        raise ConfigError("trainer.eval_every", "evaluation needs a validation split of at least one sequence; "
-                                                "raise data.val_fraction or set trainer.eval_every=0")
+    for stream in found:
+        where = f" in {stream.name}" if data.source == "mix" else ""
+        n_val = int(len(stream.tokens) * data.val_fraction)
+        if len(stream.tokens) - n_val < data.seq_len + 1:
+            raise ConfigError("data.seq_len", f"the training split{where} holds {len(stream.tokens) - n_val} tokens, "
+                                              f"fewer than one sequence of {data.seq_len + 1}")
+        if cfg.trainer.eval_every and n_val < data.seq_len + 1:
+            raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
+                                                    f"sequence; raise data.val_fraction or set trainer.eval_every=0")
 
 
+def validate_sampling(cfg) -> None:
+    t = cfg.trainer
+    if t.sample_every < 0 or t.sample_tokens <= 0:
+        raise ConfigError("trainer.sample_every" if t.sample_every < 0 else "trainer.sample_tokens",
+                          f"must be {'non-negative' if t.sample_every < 0 else 'positive'}")
+    if t.sample_every and tokenizer.of_data(cfg.data) is None:
+        raise ConfigError("trainer.sample_every", f"needs the data's tokenizer; data.source={cfg.data.source} names "
+                                                  f"none: set data.tokenizer=/path/to/tokenizer.json")
 
 
 def validate_initial_load(cfg, path: str) -> None:
@@ -197,6 +246,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> 
         raise ConfigError("activation_checkpointing.mode",
                           f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
     validate_data_files(cfg)
+    validate_sampling(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)

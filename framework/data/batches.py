@@ -15,8 +15,9 @@ import torch
 
 class GlobalBatchSampler:
     def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int,
-                 shuffle: bool = True):
+                 shuffle: bool = True, stream: tuple[int, ...] = ()):
         self.tokens = tokens
+        self.stream = stream   # extra seed words: a mixture gives each source its own order
         self.seq_len = seq_len
         self.global_batch_size = global_batch_size
         self.seed = seed
@@ -31,17 +32,21 @@ class GlobalBatchSampler:
             if not self.shuffle:
                 order = np.arange(self.num_sequences)
             else:
-                order = np.random.default_rng([self.seed, epoch]).permutation(self.num_sequences)
+                order = np.random.default_rng([self.seed, epoch, *self.stream]).permutation(self.num_sequences)
             self._epoch_cache = {epoch: order}
         return self._epoch_cache[epoch]
 
+    def ids_at(self, positions) -> np.ndarray:
+        """Sequence ids at these positions of the endless, epoch-by-epoch shuffled order."""
+        ids = []
+        for pos in positions:
+            epoch, idx = divmod(int(pos), self.num_sequences)
+            ids.append(self._order(epoch)[idx])
+        return np.asarray(ids, dtype=np.int64)
+
     def sequence_ids(self, step: int) -> np.ndarray:
         start = step * self.global_batch_size
-        ids = []
-        for pos in range(start, start + self.global_batch_size):
-            epoch, idx = divmod(pos, self.num_sequences)
-            ids.append(self._order(epoch)[idx])
-        return np.asarray(ids)
+        return self.ids_at(range(start, start + self.global_batch_size))
 
     def sequences(self, ids: np.ndarray) -> torch.Tensor:
         rows = [np.asarray(self.tokens[i * self.seq_len: i * self.seq_len + self.seq_len + 1], dtype=np.int64)
@@ -53,6 +58,28 @@ class GlobalBatchSampler:
         ids = self.sequence_ids(step)
         per_rank = self.global_batch_size // dp_size
         return self.sequences(ids[dp_rank * per_rank:(dp_rank + 1) * per_rank])
+
+    def consumed(self, steps: int) -> dict[str, int]:
+        """Per-source token counts after `steps` steps: a single source has nothing to add."""
+        return {}
+
+
+def build_samplers(data_cfg, global_batch_size: int, seed: int, with_val: bool):
+    """(train sampler, validation sampler or None) for the configured data."""
+    from framework.data.mixture import MixtureSampler
+    from framework.data.sources import streams
+
+    found = streams(data_cfg)
+    splits = [split_train_val(s.tokens, data_cfg.val_fraction) for s in found]
+    if data_cfg.source != "mix":
+        train, val = splits[0]
+        return (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
+                GlobalBatchSampler(val, data_cfg.seq_len, global_batch_size, seed, shuffle=False) if with_val else None)
+    weights, names = [s.weight for s in found], [s.name for s in found]
+    mix = lambda index, shuffle: MixtureSampler(
+        [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
+         for i, split in enumerate(splits)], weights, names, global_batch_size, seed)
+    return mix(0, True), (mix(1, False) if with_val else None)
 
 
 def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
+from framework.data import tokenizer as tokenizers_
 from framework.export.read import READERS
 
 LLAMA_TARGET = "framework.models.llama.Llama"
@@ -45,7 +46,8 @@ def _check_out_dir(out_dir: str, force: bool) -> None:
 
 
 def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
-    """Write out_dir/{model.safetensors, config.json}; return the HF config. Nothing is written on error."""
+    """Write out_dir/{model.safetensors, config.json} and the checkpoint's tokenizer (tokenizer.json,
+    tokenizer_config.json); return the HF config. Nothing is written on error."""
     try:
         meta = read_meta(step_dir)
     except CheckpointError as e:
@@ -67,11 +69,23 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     except hf_layout.LayoutError as e:
         raise ExportError(f"{step_dir}: {e}") from None
     config = hf_layout.hf_config(args)
-    _write(out_dir, tensors, config)
+    tok = _tokenizer(step_dir)
+    if tok is not None and tokenizers_.eos_token(tok)[1] < args.vocab_size:   # byte-level models have no EOS row
+        config["eos_token_id"] = tokenizers_.eos_token(tok)[1]
+    _write(out_dir, tensors, config, tok)
     return config
 
 
-def _write(out_dir: str, tensors: dict, config: dict) -> None:
+def _tokenizer(step_dir: str):
+    """The checkpoint's tokenizer, to write beside the weights (None: the run recorded none)."""
+    try:
+        data = OmegaConf.load(os.path.join(step_dir, CONFIG)).data
+        return tokenizers_.of_checkpoint(step_dir, data)
+    except tokenizers_.TokenizerError as e:
+        raise ExportError(f"{step_dir}: {e}") from None
+
+
+def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
     """Into a sibling temp dir first: a failed write leaves out_dir as it was."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
@@ -80,10 +94,13 @@ def _write(out_dir: str, tensors: dict, config: dict) -> None:
         save_file(tensors, os.path.join(tmp, hf_layout.WEIGHTS), metadata={"format": "pt"})
         with open(os.path.join(tmp, hf_layout.CONFIG), "w") as f:
             json.dump(config, f, indent=2)
+        names = [hf_layout.WEIGHTS, hf_layout.CONFIG]
+        if tok is not None:
+            names += tokenizers_.write_hf_files(tok, tmp)
         if not os.path.exists(out_dir):
             os.rename(tmp, out_dir)
             return
-        for name in (hf_layout.WEIGHTS, hf_layout.CONFIG):
+        for name in names:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

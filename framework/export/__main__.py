@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Write a checkpoint's weights as Hugging Face Llama safetensors.")
     parser.add_argument("checkpoint", help="a checkpoint step dir, e.g. <run>/checkpoints/step_00000100")
     parser.add_argument("out_dir", help="where model.safetensors and config.json go")
-    parser.add_argument("--force", action="store_true", help="replace those two files in a non-empty out_dir")
+    parser.add_argument("--force", action="store_true", help="replace the files it writes in a non-empty out_dir")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -30,6 +30,11 @@ class MetricsLogger:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key, value, record["step"])
+                elif isinstance(value, str):
+                    self.writer.add_text(key, value, record["step"])
+        for key, value in record.items():
+            if isinstance(value, str):
+                print(f"step {record['step']} {key}: {value!r}", flush=True)
         if self.bar is not None:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                                  tok_s=f"{record['tokens_per_sec']:.0f}", refresh=False)

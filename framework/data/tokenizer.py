@@ -1,0 +1,137 @@
+"""Tokenizers for `prepare` and `generate`, all Hugging Face `tokenizers` objects.
+
+Three kinds: a user's tokenizer.json, a byte-level BPE trained on the corpus being prepared, and
+plain bytes (id = byte value, as the pydoc and text sources read them) with an end-of-text token
+after the 256 bytes. Every kind is saved as a tokenizer.json, so `transformers.AutoTokenizer` loads
+what training used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Iterable, Iterator
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS_TOKEN = "<|endoftext|>"
+# End-of-text spellings of common tokenizers, tried in order when a tokenizer.json is given.
+EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+TOKENIZER_FILE = "tokenizer.json"
+BYTES = "bytes"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer spec or file that cannot be used."""
+
+
+def _byte_chars() -> dict[int, str]:
+    """The printable stand-in character of each byte that byte-level BPE (GPT-2's) works on."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    extra = iter(range(256, 512))
+    return {b: chr(b if b in printable else next(extra)) for b in range(256)}
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Token id = byte value (0-255), then EOS as 256: what byte-level models read, as a tokenizer.json."""
+    chars = _byte_chars()
+    tok = Tokenizer(models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS_TOKEN])
+    return tok
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of `vocab_size` entries (EOS included) learnt from `texts`."""
+    if vocab_size < 257:
+        raise TokenizerError(f"bpe:{vocab_size}: a byte-level BPE needs at least 257 entries (256 bytes + EOS)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def parse_spec(spec: str) -> tuple[str, int | str | None]:
+    """`bytes`, `bpe:VOCAB` or a path -> (kind, argument)."""
+    if spec == BYTES:
+        return BYTES, None
+    if spec.startswith("bpe:"):
+        try:
+            return "bpe", int(spec[4:])
+        except ValueError:
+            raise TokenizerError(f"{spec}: write bpe:VOCAB with an integer vocabulary size, e.g. bpe:8192") from None
+    return "file", spec
+
+
+def load_file(path: str) -> Tokenizer:
+    if not os.path.isfile(path):
+        raise TokenizerError(f"{path}: no such tokenizer file")
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:
+        raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+
+
+def build(spec: str, training_texts: Iterator[str] | None = None) -> Tokenizer:
+    kind, arg = parse_spec(spec)
+    if kind == BYTES:
+        return byte_tokenizer()
+    if kind == "bpe":
+        return train_bpe(training_texts or iter(()), arg)
+    return load_file(arg)
+
+
+def eos_token(tok: Tokenizer) -> tuple[str, int]:
+    for token in EOS_CANDIDATES:
+        token_id = tok.token_to_id(token)
+        if token_id is not None:
+            return token, token_id
+    raise TokenizerError(f"the tokenizer has none of the end-of-text tokens {', '.join(EOS_CANDIDATES)}")
+
+
+def vocab_size(tok: Tokenizer) -> int:
+    return tok.get_vocab_size(with_added_tokens=True)
+
+
+BYTE_SOURCES = ("pydoc", "text")
+
+
+def record_in(data_cfg, out_dir: str) -> None:
+    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
+    spec = data_cfg.get("tokenizer")
+    if spec and spec != BYTES and os.path.isfile(spec):
+        shutil.copyfile(spec, os.path.join(out_dir, TOKENIZER_FILE))
+
+
+def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
+    """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
+    byte-level sources; None when the run never named one (a flat token file without data.tokenizer)."""
+    copied = os.path.join(step_dir, TOKENIZER_FILE)
+    if os.path.isfile(copied):
+        return load_file(copied)
+    return of_data(data_cfg)
+
+
+def of_data(data_cfg) -> Tokenizer | None:
+    """The data's tokenizer: data.tokenizer, else bytes for the byte-level sources, else None."""
+    spec = data_cfg.get("tokenizer")
+    if spec == BYTES or (spec is None and data_cfg.get("source") in BYTE_SOURCES):
+        return byte_tokenizer()
+    if spec and os.path.isfile(spec):
+        return load_file(spec)
+    return None
+
+
+def write_hf_files(tok: Tokenizer, out_dir: str) -> list[str]:
+    """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer."""
+    token, _ = eos_token(tok)
+    tok.save(os.path.join(out_dir, TOKENIZER_FILE))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": token, "bos_token": token,
+              "unk_token": token, "model_max_length": 1_000_000, "clean_up_tokenization_spaces": False}
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return [TOKENIZER_FILE, "tokenizer_config.json"]
