@@ -1,6 +1,5 @@
 """Training on a prepared dataset (JSONL -> BPE -> shards): the loss falls, resume across shard
 boundaries is exact, and ddp x2 gives the single-process losses."""
-import json
 
 import numpy as np
 import pytest
