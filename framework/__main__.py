@@ -11,7 +11,7 @@ from framework.config.store import register_configs
 _task_started = False
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path="conf", config_name="config")
 def app(cfg) -> None:
     global _task_started
     _task_started = True
