@@ -132,3 +132,17 @@ def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch,
     cfg = composer(overrides)
     assert cfg.model.n_layers > 0
     _validate(cfg)
+
+
+@pytest.mark.parametrize("args,micro", [([], 16), (["parallel=ddp"], 8), (["parallel=fsdp", "zero=stage3"], 8),
+                                        (["parallel=deepspeed", "zero=stage2"], 8), (["parallel=3d"], 8),
+                                        (["parallel=ddp", "trainer.micro_batch_size=4"], 4)])
+def test_unset_micro_batch_size_is_a_ranks_share(composer, args, micro):
+    cfg = composer(args)
+    _validate(cfg)
+    assert cfg.trainer.micro_batch_size == micro
+
+
+def test_unset_micro_batch_size_needs_a_global_batch_that_divides(composer):
+    with pytest.raises(ConfigError, match="trainer.global_batch_size: 15 sequences do not divide among 2"):
+        _validate(composer(["parallel=ddp", "trainer.global_batch_size=15"]))

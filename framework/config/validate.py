@@ -163,10 +163,26 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
                                                f"trainer.max_steps={t.max_steps}; raise trainer.max_steps")
 
 
+def fill_micro_batch_size(cfg, world_size: int, strategy_cls) -> None:
+    """An unset trainer.micro_batch_size is a data-parallel rank's whole share: no accumulation."""
+    t = cfg.trainer
+    if t.micro_batch_size is not None:
+        return
+    _positive(cfg, "trainer.global_batch_size")
+    dp = strategy_cls.data_parallel_size(cfg, world_size)
+    if t.global_batch_size % dp:
+        raise ConfigError("trainer.global_batch_size", f"{t.global_batch_size} sequences do not divide among "
+                                                       f"{dp} data-parallel ranks; use a multiple of {dp}")
+    t.micro_batch_size = t.global_batch_size // dp
+
+
 def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> None:
+    """Completes the values derived from others (written into cfg, so the saved config shows them), then
+    checks every rule."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
+    fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
