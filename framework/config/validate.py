@@ -5,6 +5,7 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 import torch
@@ -12,11 +13,12 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from framework.checkpoint import hf_layout
-from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible,
-                                         resolve_resume)
+from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
+                                         completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
+from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
 from framework.optim.schedulers import SCHEDULES
 
@@ -86,6 +88,20 @@ def validate_data_files(cfg) -> None:
         raise ConfigError("data.source", f"unknown source {data.source!r}; use pydoc, text, tokens or synthetic")
 
 
+def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
+    val = int(n_tokens * val_fraction)
+    return n_tokens - val >= seq_len + 1 and (not evaluates or val >= seq_len + 1)
+
+
+def _shortest_corpus(seq_len: int, val_fraction: float, evaluates: bool) -> int:
+    n = seq_len + 1
+    if evaluates:
+        n = max(n, math.ceil((seq_len + 1) / val_fraction))
+    while not _long_enough(n, seq_len, val_fraction, evaluates):
+        n += 1
+    return n
+
+
 def validate_data_contents(cfg) -> None:
     """Reads the data (a memmap for token files): the last check, after the cheap ones passed."""
     data = cfg.data
@@ -95,6 +111,14 @@ def validate_data_contents(cfg) -> None:
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
+    # With no validation fraction at all, the trainer.eval_every rule below says what to change.
+    evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
+    if data.path and not _long_enough(len(tokens), data.seq_len, data.val_fraction, evaluates):
+        split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
+        raise ConfigError("data.path", f"{data.path} is empty" if not len(tokens) else
+                          f"{data.path} is too short: it holds {len(tokens)} tokens, one training sequence needs "
+                          f"{data.seq_len + 1}{split}, so at least "
+                          f"{_shortest_corpus(data.seq_len, data.val_fraction, evaluates)} tokens")
     train_tokens = len(tokens) - int(len(tokens) * data.val_fraction)
     if train_tokens < data.seq_len + 1:
         raise ConfigError("data.seq_len", f"the training split holds {train_tokens} tokens, "
@@ -149,6 +173,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
     if path is None:
         return
     try:
+        check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
         if meta["format"] == "dcp":
             check_dcp_metadata(os.path.join(path, STATE))
@@ -158,7 +183,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
             load_tensors_only(rng_file)
     except (CheckpointError, UnsafeCheckpointError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
-    if meta["step"] >= t.max_steps:
+    if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):
         raise ConfigError("checkpoint.resume", f"{path} is at step {meta['step']}, not before "
                                                f"trainer.max_steps={t.max_steps}; raise trainer.max_steps")
 
@@ -179,6 +204,7 @@ def fill_micro_batch_size(cfg, world_size: int, strategy_cls) -> None:
 def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> None:
     """Completes the values derived from others (written into cfg, so the saved config shows them), then
     checks every rule."""
+    refuse_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")

@@ -36,7 +36,9 @@ def load_tokens(data_cfg) -> np.ndarray:
     if source == "tokens":
         dtype = TOKEN_DTYPES[data_cfg.dtype]
         size = os.path.getsize(data_cfg.path)
-        if size == 0 or size % np.dtype(dtype).itemsize:
+        if size == 0:
+            raise DataError(f"data.path: {data_cfg.path} is empty")
+        if size % np.dtype(dtype).itemsize:
             raise DataError(f"data.path: {data_cfg.path} holds {size} bytes, not a whole number of "
                             f"{data_cfg.dtype} tokens; check data.dtype")
         tokens = np.memmap(data_cfg.path, dtype=dtype, mode="r")
