@@ -19,6 +19,10 @@ def app(cfg) -> None:
 
 
 def main() -> None:
+    if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+        from framework.config.help import help_text
+        print(help_text())
+        return
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)

@@ -15,6 +15,7 @@ from framework.data.sources import load_tokens
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import peak_memory_gb
 from framework.metrics.mfu import mfu, peak_flops
+from framework.metrics.summary import run_summary
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
@@ -63,6 +64,7 @@ class Trainer:
 
     def fit(self) -> None:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
+        started = time.perf_counter()
         s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
@@ -74,6 +76,7 @@ class Trainer:
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
         flops_per_token = s.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(s.device, cfg.logging)
+        first_step = self.step
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         try:
@@ -113,3 +116,5 @@ class Trainer:
             checkpoints.finish()
         finally:
             logger.close()
+        if s.is_main:
+            print(run_summary(cfg, self.run_dir, time.perf_counter() - started, first_step, self.step), flush=True)
