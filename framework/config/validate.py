@@ -18,6 +18,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
+from framework.config.explicit import hydra_explicit_keys
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data.sources import TOKEN_DTYPES, DataError, check_token_range, load_tokens
 from framework.optim.schedulers import SCHEDULES
@@ -201,13 +202,15 @@ def fill_micro_batch_size(cfg, world_size: int, strategy_cls) -> None:
     t.micro_batch_size = t.global_batch_size // dp
 
 
-def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> None:
+def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
+             explicit: set[str] | None = None) -> None:
     """Completes the values derived from others (written into cfg, so the saved config shows them), then
     checks every rule."""
     refuse_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
+    strategy_cls.adopt_user_files(cfg, world_size, hydra_explicit_keys() if explicit is None else explicit)
     fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last")
