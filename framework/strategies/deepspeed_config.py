@@ -113,6 +113,19 @@ def generate(cfg, world_size: int) -> dict:
     return ds
 
 
+# Old names DeepSpeed still reads but refuses beside the new ones, which the generated config always has.
+RENAMED_ZERO_KEYS = {"stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"}
+
+
+def _renamed(user: dict) -> dict:
+    zero = user.get("zero_optimization")
+    if isinstance(zero, dict):
+        for old, new in RENAMED_ZERO_KEYS.items():
+            if old in zero:
+                zero.setdefault(new, zero.pop(old))
+    return user
+
+
 def load_user_config(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError("parallel.ds_config", f"no such file: {path}")
@@ -123,7 +136,7 @@ def load_user_config(path: str) -> dict:
         raise ConfigError("parallel.ds_config", f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError("parallel.ds_config", f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return _renamed(data)
 
 
 def deep_merge(base: dict, top: dict, none_deletes: bool = False) -> dict:
