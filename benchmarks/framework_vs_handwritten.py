@@ -23,6 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from framework.config.paths import CONFIG_DIR  # noqa: E402
 from framework.data.batches import GlobalBatchSampler, split_train_val  # noqa: E402
 from framework.data.sources import pydoc_corpus_bytes  # noqa: E402
 from framework.models.llama import Llama, init_weights  # noqa: E402
@@ -69,7 +70,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
-    model_cfg = yaml.safe_load((REPO / "conf" / "model" / f"{args.model}.yaml").read_text())
+    model_cfg = yaml.safe_load((CONFIG_DIR / "model" / f"{args.model}.yaml").read_text())
     model_cfg = {k: v for k, v in model_cfg.items() if k not in ("defaults", "_target_")}
     hand = handwritten(model_cfg, args.seq_len, args.batch, args.steps, args.warmup)
     ours = framework(args.model, args.seq_len, args.batch, args.steps, args.warmup)

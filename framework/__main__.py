@@ -7,6 +7,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
+from framework.config.paths import CONFIG_DIR
 from framework.config.store import register_configs
 
 _task_started = False
@@ -17,7 +18,7 @@ class SweepPointFailed(RuntimeError):
     """A sweep point that exited non-zero: the sweeper records it (Optuna: a failed trial) and goes on."""
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
+@hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="config")
 def app(cfg) -> float | None:
     """Returns the run's trainer.objective, which a sweeper such as Optuna minimises."""
     global _task_started
@@ -33,6 +34,10 @@ def app(cfg) -> float | None:
 
 
 def main() -> None:
+    if "--help" in sys.argv[1:] or "-h" in sys.argv[1:]:
+        from framework.config.help import help_text
+        print(help_text())
+        return
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
 from framework.cluster.env import Node, Worker, discover
+from framework.checkpoint.manager import completed_checkpoint
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
@@ -102,6 +103,11 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         print(f"error: {e}", file=sys.stderr)
         _remove_if_only_hydra_files(run_dir)
         sys.exit(2)
+
+    if (finished := completed_checkpoint(cfg, run_dir)) is not None:
+        if is_rank_zero():
+            print(f"already complete: {finished} is at trainer.max_steps={cfg.trainer.max_steps}; nothing to do")
+        return
 
     if is_rank_zero():
         os.makedirs(run_dir, exist_ok=True)

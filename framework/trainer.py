@@ -17,6 +17,7 @@ from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
 from framework.metrics.samples import TextSampler
+from framework.metrics.summary import run_summary
 from framework.models.llama import Llama, init_weights
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
@@ -71,6 +72,7 @@ class Trainer:
 
     def fit(self) -> None:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
+        started = time.perf_counter()
         s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
@@ -85,6 +87,7 @@ class Trainer:
         peak = peak_flops(s.device, cfg.logging, cfg.precision)
         memory = IntervalPeakMemory(s.device)
         memory.reset()
+        first_step = self.step
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
         faults.inject("startup", self.step)
@@ -144,3 +147,5 @@ class Trainer:
             watchdog.stop()
             preemption.close()
             logger.close()
+        if s.is_main:
+            print(run_summary(cfg, self.run_dir, time.perf_counter() - started, first_step, self.step), flush=True)

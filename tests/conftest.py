@@ -3,8 +3,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework import launch
+from framework.config.paths import CONFIG_DIR
 from framework.config.store import register_configs
-from tests.helpers import FAST, REPO, check_ok, losses, run_framework
+from tests.helpers import FAST, check_ok, losses, run_framework
 
 _references: dict[tuple, list[float]] = {}
 
@@ -28,5 +29,5 @@ def compose_config():
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))

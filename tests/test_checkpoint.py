@@ -181,3 +181,44 @@ def test_nonfinite_loss_abort_and_skip(tmp_path):
     assert [r["step"] for r in bad] == [2]     # 4 micro-batches a step: forward 5 is in step 2
     assert all(r["loss"] == r["loss"] for r in records if r["step"] != 2)
     assert (run_dir / "checkpoints" / "step_00000008" / "meta.json").exists()
+
+
+def test_truncated_shard_is_refused_naming_the_newest_intact_checkpoint(tmp_path, uninterrupted):
+    full_dir, _ = uninterrupted
+    copy = tmp_path / "checkpoints"
+    os.system(f"cp -r {full_dir / 'checkpoints'} {copy}")
+    newest = copy / "step_00000008"
+    meta = json.loads((newest / "meta.json").read_text())
+    shard = max(meta["files"], key=lambda rel: meta["files"][rel]["size"])   # the biggest file: a state shard
+    with open(newest / shard, "r+b") as f:
+        f.truncate(meta["files"][shard]["size"] // 2)
+    before = _tree_digest(copy)
+    proc = run_framework([*FAST, *CKPT, "trainer.max_steps=12", f"checkpoint.dir={copy}",
+                          "checkpoint.resume=auto"], tmp_path / "r", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: checkpoint.resume: ") and "Traceback" not in proc.stdout
+    assert f"{newest / shard} is damaged" in lines[0]
+    assert f"checkpoint.resume={copy / 'step_00000004'}" in lines[0]
+    assert _tree_digest(copy) == before
+
+
+def test_manifest_lists_every_file_of_the_checkpoint(uninterrupted):
+    full_dir, _ = uninterrupted
+    ckpt = full_dir / "checkpoints" / "step_00000008"
+    files = json.loads((ckpt / "meta.json").read_text())["files"]
+    on_disk = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {"meta.json"}
+    assert set(files) == on_disk and all(entry["size"] == (ckpt / rel).stat().st_size for rel, entry in files.items())
+
+
+def test_rerun_of_a_finished_job_exits_0_as_already_complete(uninterrupted):
+    """A re-submitted sweep point or requeued cluster job whose newest checkpoint is at max_steps."""
+    full_dir, reference = uninterrupted
+    before = _tree_digest(full_dir / "checkpoints")
+    proc = run_framework([*FAST, *CKPT, "checkpoint.resume=auto"], full_dir, timeout=60)
+    check_ok(proc)
+    assert "already complete" in proc.stdout and "step_00000008" in proc.stdout
+    assert _tree_digest(full_dir / "checkpoints") == before and losses(full_dir) == reference
+    proc = run_framework([*FAST, *CKPT, f"checkpoint.resume={full_dir / 'checkpoints' / 'step_00000008'}"],
+                         full_dir, timeout=60)
+    assert proc.returncode == 2 and "raise trainer.max_steps" in proc.stderr   # an explicit path stays an error

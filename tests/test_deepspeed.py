@@ -125,5 +125,21 @@ def test_contradicting_file_exits_2_naming_both_values(tmp_path):
 def test_seed_example_fails_clearly_on_cpu(tmp_path):
     err = _rejected(tmp_path, [f"parallel.ds_config={FIXTURES / 'seed_ds_config.json'}"])
     assert err.startswith("error: parallel.ds_config") and len(err.strip().splitlines()) == 1
-    assert "fp16.enabled=true contradicts precision=fp32 (fp16 cannot run on this CPU; precision=bf16 can)" in err
+    assert "fp16.enabled=true cannot run on this machine" in err
     assert "train_batch_size=256 contradicts trainer.global_batch_size=8" in err
+
+
+@pytest.mark.parametrize("name", ["ds_config_zero2", "ds_config_zero3"])
+def test_public_auto_file_runs_with_no_other_override(tmp_path, name):
+    run_dir = tmp_path / name
+    check_ok(run_framework(["parallel=deepspeed", f"parallel.ds_config={FIXTURES / (name + '.json')}",
+                            "model=tiny", "data.seq_len=32", "trainer.max_steps=2", "trainer.eval_every=0",
+                            "trainer.progress_bar=false", "logging.tensorboard=false"], run_dir))
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+    written = json.loads((run_dir / "ds_config.json").read_text())
+    assert written["zero_optimization"]["stage"] == int(name[-1]) and written["scheduler"]["type"] == "WarmupLR"
+
+
+def test_fixed_fp16_file_is_refused_on_cpu_in_one_line(tmp_path):
+    err = _rejected(tmp_path, [f"parallel.ds_config={FIXTURES / 'ds_config_zero2_fp16.json'}"])
+    assert len(err.strip().splitlines()) == 1 and "fp16.enabled=true cannot run on this machine" in err

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from framework.config.errors import ConfigError
+from framework.config.explicit import explicit_keys
 from framework.config.validate import validate
 from framework.strategies import deepspeed_config as dsc
 from framework.strategies import deepspeed_ops as dso
@@ -17,13 +18,22 @@ from tests.helpers import FAST, REPO
 FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
 
 
+_EXPLICIT: dict[int, set[str]] = {}
+
+
 @pytest.fixture(scope="module")
 def composer(compose_config):
-    return lambda *args: compose_config([*FAST, "parallel=deepspeed", *args])
+    """Compose as the command line would, remembering which keys that command line chose explicitly."""
+    def compose(*args):
+        overrides = [*FAST, "parallel=deepspeed", *args]
+        cfg = compose_config(overrides)
+        _EXPLICIT[id(cfg)] = explicit_keys(overrides)
+        return cfg
+    return compose
 
 
 def _validate(cfg, world_size=2):
-    validate(cfg, world_size, strategy_class("deepspeed"))
+    validate(cfg, world_size, strategy_class("deepspeed"), explicit=_EXPLICIT[id(cfg)])
 
 
 def test_generated_batch_arithmetic_and_groups(composer):
@@ -78,7 +88,7 @@ def test_auto_file_is_filled_from_the_run(composer):
 
 def test_contradicting_file_names_both_values(composer):
     with pytest.raises(ConfigError) as err:
-        _validate(composer(f"parallel.ds_config={FIXTURES / 'contradicting.json'}"))
+        _validate(composer(f"parallel.ds_config={FIXTURES / 'contradicting.json'}", "zero=none"))
     msg = str(err.value)
     assert msg.startswith("parallel.ds_config")
     assert "train_batch_size=16 contradicts trainer.global_batch_size=8" in msg
@@ -101,19 +111,44 @@ def test_overrides_merge_last_and_are_checked_too(composer):
 
 
 def test_seed_example_fails_with_every_actionable_error(composer):
+    """Fixed values contradicting what the command line chose explicitly (FAST's batch, lr, warm-up; zero=none)."""
     with pytest.raises(ConfigError) as err:
-        _validate(composer(f"parallel.ds_config={FIXTURES / 'seed_ds_config.json'}"))
+        _validate(composer(f"parallel.ds_config={FIXTURES / 'seed_ds_config.json'}", "zero=none",
+                           "zero.offload_optimizer=false"))
     msg = str(err.value)
     for expected in ("train_batch_size=256 contradicts trainer.global_batch_size=8",
                      "train_micro_batch_size_per_gpu=4 contradicts trainer.micro_batch_size=2",
-                     "gradient_accumulation_steps=8 contradicts 2 = trainer.global_batch_size 8 / "
-                     "(trainer.micro_batch_size 2 x 2 ranks)",
-                     "fp16.enabled=true contradicts precision=fp32 (fp16 cannot run on this CPU; precision=bf16 can)",
+                     "fp16.enabled=true cannot run on this machine",
                      "zero_optimization.stage=3 contradicts zero.stage=0",
                      'zero_optimization.offload_optimizer.device="cpu" contradicts zero.offload_optimizer=false',
-                     "scheduler (WarmupDecayLR) would replace the LR schedule",
+                     "scheduler.params.warmup_max_lr=1e-05 contradicts optimizer.lr=0.003",
+                     "scheduler.params.warmup_num_steps=1000 contradicts scheduler.warmup_steps=2",
                      "optimizer.params.lr=1e-05 contradicts optimizer.lr=0.003"):
         assert expected in msg, msg
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=8 contradicts 2 = trainer.global_batch_size 8 / "
+                                          r"\(trainer.micro_batch_size 2 x 2 ranks\)"):
+        _validate(composer("+parallel.overrides.gradient_accumulation_steps=8"))
+
+
+@pytest.mark.parametrize("name,stage,offload_params", [("ds_config_zero2", 2, False), ("ds_config_zero3", 3, True)])
+def test_public_auto_files_set_what_the_user_left_at_our_defaults(compose_config, name, stage, offload_params):
+    """transformers'/accelerate's files with no other override: their fixed values become the run's."""
+    overrides = ["parallel=deepspeed", f"parallel.ds_config={FIXTURES / (name + '.json')}"]
+    cfg = compose_config(overrides)
+    validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
+    assert (cfg.zero.stage, cfg.zero.offload_optimizer, cfg.zero.offload_params) == (stage, True, offload_params)
+    ds = dsc.resolve(cfg, 2)
+    assert dsc._autos(ds) == [] and "optimizer" not in ds      # the torch AdamW of optimizer.* steps
+    assert ds["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.optimizer.lr,
+                                         "warmup_num_steps": cfg.scheduler.warmup_steps}
+    assert ds["train_batch_size"] == cfg.trainer.global_batch_size and ds["fp16"]["enabled"] is False
+
+
+def test_a_fixed_value_against_an_explicit_choice_names_both_sides(composer):
+    with pytest.raises(ConfigError, match="zero_optimization.stage=2 contradicts zero.stage=3 chosen on the command"):
+        _validate(composer(f"parallel.ds_config={FIXTURES / 'ds_config_zero2.json'}", "zero=stage3"))
+    with pytest.raises(ConfigError, match="scheduler \\(WarmupLR\\) contradicts scheduler=cosine chosen"):
+        _validate(composer(f"parallel.ds_config={FIXTURES / 'ds_config_zero2.json'}", "scheduler=cosine"))
 
 
 def test_seed_example_fp16_is_refused_on_cpu_even_when_everything_else_agrees(composer):

@@ -70,3 +70,25 @@ def test_torchrun_ranks_agree_on_one_timestamped_run_dir(tmp_path):
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]   # outputs/<date>/<time>
     assert len(run_dirs) == 1, run_dirs
     assert [r["step"] for r in read_metrics(run_dirs[0])] == list(range(1, 9))
+
+
+def test_help_lists_only_what_a_user_picks():
+    proc = run_in_own_session([sys.executable, "-m", "framework", "--help"], cwd=REPO, timeout=60)
+    check_ok(proc)
+    assert "schema" not in proc.stdout
+    for line in ("parallel: 3d, ddp, deepspeed, fsdp, single*", "zero: none*, stage1, stage2, stage3",
+                 "+recipe: cpu_small_ddp"):
+        assert line in proc.stdout, proc.stdout
+
+
+def test_run_ends_with_a_summary_and_the_commands_to_go_on(tmp_path):
+    run_dir = tmp_path / "summary"
+    args = [a for a in FAST if not a.startswith(("trainer.max_steps", "checkpoint.enabled", "trainer.eval_every"))]
+    proc = run_framework([*args, "trainer.max_steps=2", "trainer.eval_every=2"], run_dir)
+    check_ok(proc)
+    ckpt = run_dir / "checkpoints" / "step_00000002"
+    out = proc.stdout
+    assert "done: 2 steps" in out and "loss " in out and "val_loss " in out and "tokens/s" in out and "MFU" in out
+    assert f"run dir     {run_dir}" in out and f"checkpoint  {ckpt}" in out
+    assert f"checkpoint.resume={ckpt} trainer.max_steps=<more than 2>" in out and "model=tiny" in out
+    assert f"python -m framework.export {ckpt} {run_dir / 'hf'}" in out

@@ -1,5 +1,9 @@
 """Bad invocations stop before any work: exit 2, one line naming the key, no traceback, nothing written."""
+import atexit
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from hydra.errors import HydraException
@@ -10,6 +14,13 @@ from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
 from tests.helpers import run_framework
+
+# Data files for the bad-input cases: an empty corpus and one of 100 bytes (byte-level: 100 tokens).
+_DATA = Path(tempfile.mkdtemp(prefix="fw-validation-"))
+atexit.register(shutil.rmtree, _DATA, True)
+EMPTY, SHORT = _DATA / "empty.txt", _DATA / "short.txt"
+EMPTY.write_bytes(b"")
+SHORT.write_bytes(b"x" * 100)
 
 # (overrides, text the first error line must contain)
 CASES = [
@@ -40,6 +51,15 @@ CASES = [
     (["launcher.max_restarts=-1"], "launcher.max_restarts: must not be negative"),
     (["launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
     (["trainer.stall_timeout_s=-5"], "trainer.stall_timeout_s: must not be negative"),
+    (["+trainer.max_step=10"], "trainer.max_step: no such key; did you mean trainer.max_steps?"),
+    (["+trainer.foo=1"], "trainer.foo: no such key; trainer has max_steps"),
+    (["+optimizer.betas2=1"], "optimizer.betas2: no such key; did you mean optimizer.betas?"),
+    (["+seeed=1"], "seeed: no such key; did you mean seed?"),
+    (["data=text", f"data.path={EMPTY}"], f"data.path: {EMPTY} is empty"),
+    (["data=text", f"data.path={SHORT}", "trainer.eval_every=0"],
+     f"data.path: {SHORT} is too short: it holds 100 tokens, one training sequence needs 129, so at least 135"),
+    (["data=text", f"data.path={SHORT}", "data.seq_len=16"],
+     "one training sequence needs 17 plus a validation split (data.val_fraction=0.05) of as many, so at least 340"),
 ]
 
 # Rejected by Hydra while composing (typed schemas), before our code runs.
@@ -103,7 +123,7 @@ def _check_rejected(tmp_path, args, expected, first_line_is_ours):
     assert not run_dir.exists() or not any(run_dir.iterdir()), "a rejected job left files behind"
 
 
-END_TO_END = [CASES[0], CASES[4], CASES[9], CASES[11], CASES[14]]
+END_TO_END = [CASES[0], CASES[4], CASES[9], CASES[11], CASES[14], *CASES[24:]]
 
 
 @pytest.mark.parametrize("args,expected", END_TO_END, ids=[" ".join(a) for a, _ in END_TO_END])
@@ -134,3 +154,24 @@ def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch,
     cfg = composer(overrides)
     assert cfg.model.n_layers > 0
     _validate(cfg)
+
+
+@pytest.mark.parametrize("args,micro", [([], 16), (["parallel=ddp"], 8), (["parallel=fsdp", "zero=stage3"], 8),
+                                        (["parallel=deepspeed", "zero=stage2"], 8), (["parallel=3d"], 8),
+                                        (["parallel=ddp", "trainer.micro_batch_size=4"], 4)])
+def test_unset_micro_batch_size_is_a_ranks_share(composer, args, micro):
+    cfg = composer(args)
+    _validate(cfg)
+    assert cfg.trainer.micro_batch_size == micro
+
+
+def test_unset_micro_batch_size_needs_a_global_batch_that_divides(composer):
+    with pytest.raises(ConfigError, match="trainer.global_batch_size: 15 sequences do not divide among 2"):
+        _validate(composer(["parallel=ddp", "trainer.global_batch_size=15"]))
+
+
+def test_keys_of_a_users_own_class_stay_free(composer):
+    cfg = composer(["model=custom", "model._target_=tests.fixtures.models.NaNAtStep", "+model.nan_at_forward=5",
+                    "optimizer._target_=torch.optim.Adam", "+optimizer.amsgrad=true"])
+    _validate(cfg)
+    assert cfg.model.nan_at_forward == 5 and cfg.optimizer.amsgrad is True

@@ -1,7 +1,8 @@
 """Step directories on disk: atomic saves, newest-complete lookup, pruning, compatibility checks.
 
     <checkpoint.dir>/step_00000008/
-        meta.json         written last: its presence marks the checkpoint complete
+        meta.json         written last: its presence marks the checkpoint complete; "files" holds the
+                          size and CRC-32 of every other file, checked before a load
         config.yaml       the resolved config of the run that saved it
         trainer.json      step (= data position: batches depend only on seed and step)
         state/            the strategy's own state (DCP shards, or DeepSpeed's engine files)
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from framework import faults
+from framework.checkpoint.manifest import build_manifest, first_damage
 from framework.checkpoint.safety import load_tensors_only
 from framework.data import tokenizer
 
@@ -94,6 +96,35 @@ def check_compatible(path: str, cfg, strategy_format: str) -> dict:
     if not os.path.isdir(state) or not os.listdir(state):
         raise CheckpointError(f"{path} has no {STATE}/ data")
     return meta
+
+
+def check_intact(path: str) -> None:
+    """Refuse a checkpoint whose files differ from its manifest, naming the newest intact one beside it."""
+    manifest = read_meta(path).get("files")
+    damage = first_damage(path, manifest) if manifest is not None else None
+    if damage is None:
+        return
+    root = os.path.dirname(os.path.abspath(path))
+    older = [p for p in complete_checkpoints(root) if os.path.abspath(p) != os.path.abspath(path)]
+    intact = next((p for p in reversed(older) if first_damage(p, read_meta(p).get("files") or {}) is None), None)
+    advice = (f"the newest intact checkpoint is {intact}: resume with checkpoint.resume={intact}" if intact
+              else "no intact checkpoint is left beside it; start without checkpoint.resume")
+    raise CheckpointError(f"refusing {path}: {damage}; {advice}")
+
+
+def completed_checkpoint(cfg, run_dir: str) -> str | None:
+    """With checkpoint.resume=auto, the newest checkpoint when it is already at trainer.max_steps: a re-run
+    of a finished job (a re-submitted sweep, a requeued cluster job) has nothing left to do."""
+    if cfg.checkpoint.resume != "auto":
+        return None
+    found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
+    if not found:
+        return None
+    try:
+        step = int(read_meta(found[-1])["step"])
+    except (CheckpointError, KeyError, ValueError):
+        return None
+    return found[-1] if step >= cfg.trainer.max_steps else None
 
 
 def resolve_resume(cfg, run_dir: str) -> str | None:
@@ -176,7 +207,7 @@ class CheckpointManager:
             _write_json(os.path.join(partial, META), {
                 "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
                 "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
-                "fingerprint": fingerprint(self.cfg)})
+                "fingerprint": fingerprint(self.cfg), "files": build_manifest(partial, skip=(META,))})
             self._commit(partial, final)
             self._prune()
         _barrier()

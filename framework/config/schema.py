@@ -113,7 +113,7 @@ class DataConfig:
 class TrainerConfig:
     max_steps: int = 200
     global_batch_size: int = 16
-    micro_batch_size: int = 16
+    micro_batch_size: Optional[int] = None  # null = global_batch_size / data-parallel degree (no accumulation)
     log_every: int = 10
     eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
     eval_batches: int = 4

@@ -5,6 +5,7 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 from __future__ import annotations
 
 import glob
+import math
 import os
 
 import torch
@@ -12,11 +13,13 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from framework.checkpoint import hf_layout
-from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible,
-                                         resolve_resume)
+from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
+                                         completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
+from framework.config.explicit import hydra_explicit_keys
+from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
 from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
@@ -121,6 +124,20 @@ def validate_data_files(cfg) -> None:
         raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
 
 
+def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
+    val = int(n_tokens * val_fraction)
+    return n_tokens - val >= seq_len + 1 and (not evaluates or val >= seq_len + 1)
+
+
+def _shortest_corpus(seq_len: int, val_fraction: float, evaluates: bool) -> int:
+    n = seq_len + 1
+    if evaluates:
+        n = max(n, math.ceil((seq_len + 1) / val_fraction))
+    while not _long_enough(n, seq_len, val_fraction, evaluates):
+        n += 1
+    return n
+
+
 def validate_data_contents(cfg) -> None:
     """Opens the data (memmaps; a prepared dataset's token range comes from its manifest, the others'
     are scanned): the last check, after the cheap ones passed."""
@@ -136,11 +153,20 @@ def validate_data_contents(cfg) -> None:
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
+    # With no validation fraction at all, the trainer.eval_every rule below says what to change.
+    evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
     for stream in found:
+        n = len(stream.tokens)
+        if data.source != "mix" and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
+            split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
+            raise ConfigError("data.path", f"{data.path} is empty" if not n else
+                              f"{data.path} is too short: it holds {n} tokens, one training sequence needs "
+                              f"{data.seq_len + 1}{split}, so at least "
+                              f"{_shortest_corpus(data.seq_len, data.val_fraction, evaluates)} tokens")
         where = f" in {stream.name}" if data.source == "mix" else ""
-        n_val = int(len(stream.tokens) * data.val_fraction)
-        if len(stream.tokens) - n_val < data.seq_len + 1:
-            raise ConfigError("data.seq_len", f"the training split{where} holds {len(stream.tokens) - n_val} tokens, "
+        n_val = int(n * data.val_fraction)
+        if n - n_val < data.seq_len + 1:
+            raise ConfigError("data.seq_len", f"the training split{where} holds {n - n_val} tokens, "
                                               f"fewer than one sequence of {data.seq_len + 1}")
         if cfg.trainer.eval_every and n_val < data.seq_len + 1:
             raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
@@ -200,6 +226,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
     if path is None:
         return
     try:
+        check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
         if meta["format"] == "dcp":
             check_dcp_metadata(os.path.join(path, STATE))
@@ -209,15 +236,34 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
             load_tensors_only(rng_file)
     except (CheckpointError, UnsafeCheckpointError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
-    if meta["step"] >= t.max_steps:
+    if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):
         raise ConfigError("checkpoint.resume", f"{path} is at step {meta['step']}, not before "
                                                f"trainer.max_steps={t.max_steps}; raise trainer.max_steps")
 
 
-def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None) -> None:
+def fill_micro_batch_size(cfg, world_size: int, strategy_cls) -> None:
+    """An unset trainer.micro_batch_size is a data-parallel rank's whole share: no accumulation."""
+    t = cfg.trainer
+    if t.micro_batch_size is not None:
+        return
+    _positive(cfg, "trainer.global_batch_size")
+    dp = strategy_cls.data_parallel_size(cfg, world_size)
+    if t.global_batch_size % dp:
+        raise ConfigError("trainer.global_batch_size", f"{t.global_batch_size} sequences do not divide among "
+                                                       f"{dp} data-parallel ranks; use a multiple of {dp}")
+    t.micro_batch_size = t.global_batch_size // dp
+
+
+def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
+             explicit: set[str] | None = None) -> None:
+    """Completes the values derived from others (written into cfg, so the saved config shows them), then
+    checks every rule."""
+    refuse_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
+    strategy_cls.adopt_user_files(cfg, world_size, hydra_explicit_keys() if explicit is None else explicit)
+    fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",

@@ -9,7 +9,6 @@ import argparse
 import itertools
 import os
 import sys
-from pathlib import Path
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -18,12 +17,12 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
 from framework.config.errors import ConfigError
+from framework.config.paths import CONFIG_DIR
 from framework.config.store import register_configs
 from framework.config.validate import validate
 from framework.k8s.manifests import KINDS, JobSpec, config_map, rfc1035
 from framework.strategies.registry import strategy_class
 
-CONF_DIR = Path(__file__).resolve().parents[1].parent / "conf"
 PASSED_THROUGH = ("NCCL_",)     # the cluster's network tuning travels with the job
 
 
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     base = rfc1035(args.name, 63 - len(f"-{len(points)}-config"))
     docs = []
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             def compose_fn(overrides):
                 return compose(config_name="config", overrides=overrides)
             for i, point in enumerate(points):

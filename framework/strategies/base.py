@@ -60,6 +60,11 @@ class Strategy:
                               f"= {t.micro_batch_size} x {dp} = {per_step}")
 
     @classmethod
+    def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
+        """Before validation: let files the user brings (DeepSpeed's JSON) set what the user left at our
+        defaults (`explicit`: the keys chosen on the command line or by a recipe)."""
+
+    @classmethod
     def validate(cls, cfg, world_size: int) -> None:
         """Cross-field rules this strategy adds; raise ConfigError."""
         stage = cfg.zero.stage

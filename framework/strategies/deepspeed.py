@@ -63,6 +63,11 @@ class DeepSpeedStrategy(Strategy):
     activation_checkpointing = AC_MODES
 
     @classmethod
+    def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
+        from framework.strategies.deepspeed_adopt import adopt
+        adopt(cfg, world_size, explicit)
+
+    @classmethod
     def validate(cls, cfg, world_size: int) -> None:
         super().validate(cfg, world_size)
         if cfg.trainer.on_nonfinite == "skip":
@@ -135,7 +140,7 @@ class DeepSpeedStrategy(Strategy):
         optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
-            lr_scheduler=build_scheduler, config=self.ds_config)
+            lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
         self.model = self.engine
         self.dtype = DTYPES[self.cfg.precision.name]
 

@@ -3,7 +3,8 @@
 `resolve(cfg, world_size)` generates the config from trainer.*, precision, zero, optimizer and
 parallel.*. A user's file (parallel.ds_config) plus parallel.overrides is then laid on top:
 "auto" values are filled from the run, a value that contradicts the run is an error naming
-both, and keys the run does not own (profilers, bucket sizes, ...) pass through.
+both, and keys the run does not own (profilers, bucket sizes, ...) pass through. Values fixed in
+the file have already become the run's where the user left our default (deepspeed_adopt.py).
 Nothing here imports deepspeed (on CUDA only its list of prebuilt ops): it runs in the launching
 process during validation.
 """
@@ -114,6 +115,19 @@ def generate(cfg, world_size: int) -> dict:
     return ds
 
 
+# Old names DeepSpeed still reads but refuses beside the new ones, which the generated config always has.
+RENAMED_ZERO_KEYS = {"stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save"}
+
+
+def _renamed(user: dict) -> dict:
+    zero = user.get("zero_optimization")
+    if isinstance(zero, dict):
+        for old, new in RENAMED_ZERO_KEYS.items():
+            if old in zero:
+                zero.setdefault(new, zero.pop(old))
+    return user
+
+
 def load_user_config(path: str) -> dict:
     if not os.path.isfile(path):
         raise ConfigError("parallel.ds_config", f"no such file: {path}")
@@ -124,7 +138,7 @@ def load_user_config(path: str) -> dict:
         raise ConfigError("parallel.ds_config", f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError("parallel.ds_config", f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
+    return _renamed(data)
 
 
 def deep_merge(base: dict, top: dict, none_deletes: bool = False) -> dict:
@@ -214,8 +228,35 @@ def _check_optimizer(cfg, user: dict, problems: list[str]) -> None:
         got = params.get(key, _MISSING)
         if got is not _MISSING and got != AUTO and not _same(got, value):
             problems.append(f"optimizer.params.{key}={got} contradicts optimizer.{key}={value}")
-    user["optimizer"] = {"type": expected["type"],
-                         "params": {**params, **expected["params"]}}
+    if cfg.parallel.use_deepspeed_optimizer:
+        user["optimizer"] = {"type": expected["type"], "params": {**params, **expected["params"]}}
+    else:
+        # The section agrees with the optimizer group: the torch optimizer of that class steps with these
+        # numbers (DeepSpeed's own build of it, DeepSpeedCPUAdam when offloading, is parallel.use_deepspeed_optimizer).
+        del user["optimizer"]
+
+
+# DeepSpeed's warm-up schedulers: their "auto" params filled from the run (name -> run value, run setting).
+WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
+
+
+def _fill_scheduler(cfg, user: dict, problems: list[str]) -> None:
+    """A WarmupLR / WarmupDecayLR section runs in DeepSpeed instead of scheduler=; "auto" comes from the run."""
+    section = user["scheduler"]
+    if not isinstance(section, dict) or section.get("type") not in WARMUP_SCHEDULERS:
+        return   # another scheduler passes through as written; an "auto" in it is reported as unfillable
+    run = {"warmup_min_lr": (0.0, None), "warmup_max_lr": (cfg.optimizer.lr, "optimizer.lr"),
+           "warmup_num_steps": (cfg.scheduler.warmup_steps, "scheduler.warmup_steps"),
+           "warmup_type": ("linear", None)}
+    if section["type"] == "WarmupDecayLR":
+        run["total_num_steps"] = (cfg.trainer.max_steps, "trainer.max_steps")
+    params = section.setdefault("params", {})
+    for key, (value, setting) in run.items():
+        got = params.get(key, _MISSING)
+        if got == AUTO:
+            params[key] = value
+        elif got is not _MISSING and setting and not _same(got, value):
+            problems.append(f"scheduler.params.{key}={json.dumps(got)} contradicts {setting}={value}")
 
 
 def _autos(d, prefix=()) -> list[tuple[str, ...]]:
@@ -248,9 +289,7 @@ def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) ->
         elif got is not _MISSING and p[knob] != defaults[knob] and not _same(got, p[knob]):
             problems.append(f"{'.'.join(path)}={json.dumps(got)} contradicts parallel.{knob}={p[knob]}")
     if "scheduler" in user:
-        problems.append(f"scheduler ({_get(user, ('scheduler', 'type'))}) would replace the LR schedule, which "
-                        f"comes from scheduler={cfg.scheduler.name} (scheduler.warmup_steps, "
-                        f"scheduler.min_lr_ratio); delete the file's scheduler section")
+        _fill_scheduler(cfg, user, problems)
     _check_optimizer(cfg, user, problems)
     problems += [f'{".".join(path)}="auto" has no run setting to fill it; give a value' for path in _autos(user)]
     if problems:
