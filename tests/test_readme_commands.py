@@ -1,28 +1,29 @@
 """Every `python -m framework ...` line in README.md's code blocks runs as written, from a directory
 other than the checkout, shortened to 2 steps. Lines that need a GPU, torchrun or a file of the user's
-(data.path, checkpoint.initial_load, ...) are left out. Slow-ish: several are multi-process."""
+(data.path, checkpoint.initial_load, ...) or a SLURM cluster are left out (the SLURM line is checked against a
+fake sbatch in test_submitit). Slow-ish: several are multi-process."""
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, run_in_own_session
 
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
 NEEDS_USER_FILES = ("data.path", "initial_load", "checkpoint.resume=", "outputs/")
+NEEDS_A_CLUSTER = ("hydra/launcher=slurm",)
 
 
 def readme_commands() -> list[str]:
     text = (REPO / "README.md").read_text()
     commands = []
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith("python -m framework ") or line == "python -m framework":
-                if not any(marker in line for marker in NEEDS_USER_FILES):
+                if not any(marker in line for marker in NEEDS_USER_FILES + NEEDS_A_CLUSTER):
                     commands.append(line)
     return commands
 
@@ -38,7 +39,7 @@ def test_the_readme_shows_the_examples_this_module_runs():
 def test_readme_command_runs(tmp_path, command):
     args = shlex.split(command)[3:]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "framework", *args, *SHORTEN], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    proc = run_in_own_session([sys.executable, "-m", "framework", *args, *SHORTEN], cwd=tmp_path, env=env,
+                              timeout=1200)
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     assert list((tmp_path / "outputs").rglob("metrics.jsonl")), "no run dir under the working directory"
