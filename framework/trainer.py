@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
