@@ -6,16 +6,14 @@ import time
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 
-from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import peak_memory_gb
 from framework.metrics.mfu import mfu, peak_flops
-from framework.models.llama import Llama, init_weights
+from framework.models.factory import ModelFactory
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 
@@ -25,17 +23,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def build_model(cfg) -> torch.nn.Module:
-    """Same seed -> same initial weights, whatever the layout: every rank builds the full model
-    from the seed (our Llama seeds each parameter by name, so a shard can be built alone)."""
-    torch.manual_seed(cfg.seed)
-    model = instantiate(cfg.model, _convert_="all")
-    if isinstance(model, Llama):
-        init_weights(model, cfg.seed)
-        # A resume loads its checkpoint over these. On the meta device (parallel=3d) there is nothing to
-        # fill yet: each rank loads its own shards when it materializes them.
-        if cfg.checkpoint.initial_load and not next(model.parameters()).is_meta:
-            hf_layout.load_into(model, cfg.checkpoint.initial_load)
-    return model
+    """Same seed -> same initial weights, whatever the layout (see ModelFactory)."""
+    return ModelFactory(cfg)()
 
 
 class Trainer:
@@ -63,7 +52,8 @@ class Trainer:
 
     def fit(self) -> None:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
-        s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
+        model_factory = ModelFactory(cfg)
+        s.setup(model_factory, OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         resume = resolve_resume(cfg, self.run_dir)
@@ -72,7 +62,7 @@ class Trainer:
             if s.is_main:
                 truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
-        flops_per_token = s.flops_per_token(cfg.data.seq_len)
+        flops_per_token = model_factory.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(s.device, cfg.logging)
         logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
                                initial_step=self.step)
