@@ -103,7 +103,8 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str) -> None:
         start_method="spawn",
     )
     try:
-        elastic_launch(config, worker_entry)(os.path.abspath(run_dir))
+        elastic_launch(config, worker_entry)(os.path.abspath(run_dir),
+                                             os.path.abspath(os.path.join(run_dir, RESOLVED_CONFIG)))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message

@@ -1,8 +1,6 @@
 """One training process: build the strategy, train, tear down."""
 from __future__ import annotations
 
-import os
-
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -20,8 +18,6 @@ def run_worker(cfg, run_dir: str) -> None:
 
 
 @record
-def worker_entry(run_dir: str) -> None:
+def worker_entry(run_dir: str, config_file: str) -> None:
     """Entry point of a spawned worker: the resolved config the parent validated and saved."""
-    from framework.launch import RESOLVED_CONFIG
-    cfg = OmegaConf.load(os.path.join(run_dir, RESOLVED_CONFIG))
-    run_worker(cfg, run_dir)
+    run_worker(OmegaConf.load(config_file), run_dir)

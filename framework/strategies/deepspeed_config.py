@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.config.errors import ConfigError
+from framework.strategies.deepspeed_options import DeepSpeedOptions
 
 AUTO = "auto"
 _MISSING = object()
@@ -49,7 +50,6 @@ def has_fp16_hardware(cfg) -> bool:
 
 
 def _knob_defaults() -> dict[str, Any]:
-    from framework.strategies.deepspeed import DeepSpeedOptions
     return {f.name: f.default for f in fields(DeepSpeedOptions)}
 
 
