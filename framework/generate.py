@@ -49,7 +49,7 @@ def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8,
 
 
 def _from_export(path: str):
-    from framework.checkpoint import hf_layout
+    from framework.models.llama import hf_adapter as hf_layout
     from framework.models.llama import Llama
     hf = hf_layout.read_hf_config(path)
     model = Llama(dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 
 from framework import faults
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import CheckpointManager, elastic_restart, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.tokenizer import of_data

@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import read_meta
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens

@@ -12,7 +12,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,

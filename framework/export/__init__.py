@@ -9,7 +9,7 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_

@@ -23,11 +23,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.models.llama import init_weights
-from framework.models.llama_parallelize import pipeline_stage, tensor_parallel_plan
+from framework.models.llama.parallelize import pipeline_stage, tensor_parallel_plan
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
 from framework.parallel.fsdp import apply_fsdp, mixed_precision_policy
 from framework.parallel.mesh import ParallelDims

@@ -14,7 +14,7 @@ import re
 import torch
 from safetensors import safe_open
 
-from framework.models.llama import LlamaArgs
+from framework.models.llama.model import LlamaArgs
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
