@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
+
+if TYPE_CHECKING:
+    from framework.models.factory import ModelFactory
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 
@@ -126,7 +129,7 @@ class Strategy:
         """The one rank that logs and writes shared files."""
         return self.rank == 0
 
-    def setup(self, build_model: Callable[[], nn.Module],
+    def setup(self, build_model: "ModelFactory",
               build_optimizer: Callable[[Iterable], torch.optim.Optimizer],
               build_scheduler: Callable[[torch.optim.Optimizer], object]) -> None:
         raise NotImplementedError
@@ -172,10 +175,6 @@ class Strategy:
 
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def flops_per_token(self, seq_len: int) -> float:
-        model = self.unwrapped_model()
-        return model.flops_per_token(seq_len) if hasattr(model, "flops_per_token") else 0.0
 
     def unwrapped_model(self) -> nn.Module:
         return self.model

@@ -21,13 +21,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from framework.models.llama import hf_adapter as hf_layout
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
-from framework.models.llama import init_weights
-from framework.models.llama.parallelize import pipeline_stage, tensor_parallel_plan
+from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
 from framework.parallel.fsdp import apply_fsdp, mixed_precision_policy
 from framework.parallel.mesh import ParallelDims
@@ -36,8 +33,6 @@ from framework.parallel.pipeline import build_schedule, min_microbatches, stage_
 from framework.parallel.tensor_parallel import apply_tensor_parallel
 from framework.precision import validate_precision
 from framework.strategies.base import TorchStrategy, ZERO_NAMES
-
-LLAMA_TARGET = "framework.models.llama.Llama"
 
 
 @dataclass
@@ -96,19 +91,15 @@ class Parallel3DStrategy(TorchStrategy):
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"unknown mode {cfg.activation_checkpointing.mode!r}")
-        if model.get("_target_") != LLAMA_TARGET:
-            raise ConfigError("model._target_", f"parallel=3d has a tensor-parallel plan and pipeline split for "
-                                                f"{LLAMA_TARGET} only, not {model.get('_target_')}")
         if p.default_world_size <= 0:
             raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
         dims = ParallelDims.from_config(p, world_size)
-        kv_heads = model.n_kv_heads or model.n_heads
-        for key, heads in (("model.n_heads", model.n_heads), ("model.n_kv_heads", kv_heads)):
-            if heads % dims.tp:
-                raise ConfigError(key, f"{heads} attention heads do not divide among parallel.tp={dims.tp} ranks")
-        if model.tie_embeddings and (dims.tp > 1 or dims.pp > 1):
-            raise ConfigError("model.tie_embeddings", "tied embeddings cannot be split across tensor or pipeline "
-                                                      "ranks; set it false for parallel=3d with tp or pp > 1")
+        spec = spec_for(model)
+        spec.validate_layout(cfg, dims.tp, dims.pp)
+        if not spec.init_by_name:
+            raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
+                                                f"rank's shards by parameter name; {model._target_} (model spec "
+                                                f"{spec.name}) has no per-name init")
         if p.sequence_parallel and cfg.data.seq_len % dims.tp:
             raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
                                               f"parallel.tp={dims.tp} ranks: not divisible")
@@ -122,7 +113,7 @@ class Parallel3DStrategy(TorchStrategy):
                                                           f"{dims.dp}); use at most {share}")
         if dims.pp > 1:
             microbatches = cls.pipeline_microbatches(cfg, dims)
-            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, model.n_layers, microbatches)
+            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
             if share % microbatches:
                 raise ConfigError("parallel.pp_microbatches", f"a data-parallel rank's {share} sequences "
                                                               f"({t.global_batch_size} / dp {dims.dp}) do not split "
@@ -141,26 +132,26 @@ class Parallel3DStrategy(TorchStrategy):
         return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
 
     # ---- inside a worker ----------------------------------------------------------------
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         cfg = self.cfg
+        self.spec = model_factory.spec
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         # zero=none: all data-parallel ranks replicate; the flattened data rank is the same either way.
         mesh_dims = self.dims.replicate_only() if cfg.zero.stage == 0 else self.dims
         self.mesh = mesh_dims.build_mesh(self.device.type)
         self.pp_rank = self.mesh.pp.get_local_rank()
 
-        with torch.device("meta"):
-            full = build_model()
+        full = model_factory.meta()
         if self.dims.pp > 1:
             schedule = schedule_class(cfg.parallel.pp_schedule)
             self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages, schedule)
             self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
-            modules = [pipeline_stage(full, i, self.num_stages) for i in self.stage_ids]
+            modules = [self.spec.pipeline_stage(full, i, self.num_stages) for i in self.stage_ids]
         else:
             self.stage_ids, self.num_stages, modules = [0], 1, [full]
         for module in modules:
             self._parallelize(module, mesh_dims)
-            self._materialize(module)
+            model_factory.materialize(module, self.device)
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
 
@@ -176,7 +167,7 @@ class Parallel3DStrategy(TorchStrategy):
     def _parallelize(self, module: nn.Module, mesh_dims: ParallelDims) -> None:
         cfg = self.cfg
         apply_tensor_parallel(module, self.mesh.tp,
-                              tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
+                              self.spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel) or {})
         ac = cfg.activation_checkpointing
         block_classes = tuple(ac.get("block_classes") or ())
         if ac.mode != "none":
@@ -184,25 +175,6 @@ class Parallel3DStrategy(TorchStrategy):
         if mesh_dims.dp > 1:
             apply_fsdp(module, self.mesh.fsdp, reshard_after_forward=cfg.zero.stage == 3,
                        mp_policy=mixed_precision_policy(cfg.precision), block_classes=block_classes)
-
-    @torch.no_grad()
-    def _materialize(self, module: nn.Module) -> None:
-        """Allocate this rank's shards and fill each with its slice of the seeded (or initial_load) full parameter."""
-        module.to_empty(device=self.device)
-        initial = self.cfg.checkpoint.initial_load
-        weights = hf_layout.HFWeights(initial, module.args) if initial else None
-        for name, param in module.named_parameters():
-            if weights is not None:
-                full = weights.full(name)
-            else:
-                full = torch.empty(param.shape, dtype=torch.float32)
-                init_weights(_OneParameter(module.args, name, full), self.cfg.seed)
-            if isinstance(param, DTensor):
-                shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
-                                                                      param.placements)
-                full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-                param = param.to_local()
-            param.copy_(full)
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
@@ -234,7 +206,7 @@ class Parallel3DStrategy(TorchStrategy):
         return self.stages[0]
 
     def checkpoint_model(self) -> nn.Module:
-        return self.stages[0] if len(self.stages) == 1 else merged_stages(self.stages)
+        return self.stages[0] if len(self.stages) == 1 else self.spec.merge_stages(self.stages)
 
     # ---- step ---------------------------------------------------------------------------
     def accumulation_context(self, is_last: bool):
@@ -297,27 +269,3 @@ class Parallel3DStrategy(TorchStrategy):
             for g in grads:
                 g.mul_(coef)
         return total
-
-
-def merged_stages(stages: list[nn.Module]) -> nn.Module:
-    """One module over this rank's pipeline stages whose parameter names are the full model's
-    (a ModuleList would prefix them with the stage's index)."""
-    merged = nn.Module()
-    merged.layers = nn.ModuleDict()
-    for stage in stages:
-        for key, layer in stage.layers.items():
-            merged.layers[key] = layer
-        for attr in ("tok_embeddings", "norm", "output"):
-            if getattr(stage, attr, None) is not None:
-                setattr(merged, attr, getattr(stage, attr))
-    return merged
-
-
-class _OneParameter:
-    """What init_weights needs to fill one full-size parameter by name: the model args and the tensor."""
-
-    def __init__(self, args, name: str, tensor: torch.Tensor):
-        self.args, self._named = args, (name, tensor)
-
-    def named_parameters(self):
-        yield self._named
