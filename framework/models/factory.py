@@ -21,44 +21,55 @@ class ModelFactory:
         self.seed = cfg.seed
         self.initial_load = cfg.checkpoint.initial_load
         self.spec: ModelSpec = spec_for(cfg.model)
+        self._hf_weights = None
+
+    def skeleton(self) -> nn.Module:
+        """The model as its class builds it (torch's seeded default init), under the caller's device context."""
+        torch.manual_seed(self.seed)
+        return self.spec.build(self.model_cfg)
 
     def __call__(self) -> nn.Module:
-        """The full model under the current default device; on the meta device it is left empty."""
-        torch.manual_seed(self.seed)
-        model = self.spec.build(self.model_cfg)
+        """The full model, initialised; on the meta device it is left empty."""
+        model = self.skeleton()
         if any(p.is_meta for p in model.parameters()):
             return model
         self.spec.init_weights(model, self.model_cfg, self.seed)
         if self.initial_load:
-            self._load_full(model)
+            weights = self._weights()
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    param.copy_(weights.full(name))
         return model
 
     @property
     def can_materialize(self) -> bool:
-        """Whether a rank can fill its shards alone (per-name init, or weights read one tensor at a time)."""
+        """Whether a rank can fill its shards alone: the spec initialises each parameter from (seed, name)."""
         return self.spec.init_by_name
 
     def meta(self) -> nn.Module:
         with torch.device("meta"):
-            return self.spec.build(self.model_cfg)
+            return self.skeleton()
 
-    @torch.no_grad()
-    def _load_full(self, model: nn.Module) -> None:
-        weights = self.spec.hf_weights(self.initial_load, self.model_cfg)
-        for name, param in model.named_parameters():
-            param.copy_(weights.full(name))
+    def _weights(self):
+        if self._hf_weights is None:
+            self._hf_weights = self.spec.hf_weights(self.initial_load, self.model_cfg)
+        return self._hf_weights
+
+    def full_parameter(self, name: str, shape) -> torch.Tensor:
+        """The full fp32 initial value of parameter `name`: loaded from initial_load, else seeded by name."""
+        if self.initial_load:
+            return self._weights().full(name)
+        full = torch.empty(tuple(shape), dtype=torch.float32)
+        self.spec.init_parameter(self.model_cfg, name, full, self.seed)
+        return full
 
     @torch.no_grad()
     def materialize(self, module: nn.Module, device: torch.device) -> None:
-        """Allocate `module`'s (possibly sharded, possibly one stage's) parameters on `device` and fill them."""
+        """Allocate `module`'s (possibly sharded, possibly one stage's) parameters on `device` and fill them
+        with their slice of the full initial value, one parameter at a time."""
         module.to_empty(device=device)
-        weights = self.spec.hf_weights(self.initial_load, self.model_cfg) if self.initial_load else None
         for name, param in module.named_parameters():
-            if weights is not None:
-                full = weights.full(name)
-            else:
-                full = torch.empty(param.shape, dtype=torch.float32)
-                self.spec.init_parameter(self.model_cfg, name, full, self.seed)
+            full = self.full_parameter(name, param.shape)
             if isinstance(param, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
                                                                       param.placements)

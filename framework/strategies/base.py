@@ -19,7 +19,8 @@ from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
+from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
+from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -243,10 +244,9 @@ class TorchStrategy(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
 
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
-        model = build_model().to(self.device)
-        apply_activation_checkpointing(model, self.cfg.activation_checkpointing,
-                                       self.cfg.activation_checkpointing.block_classes)
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
+        model = model_factory().to(self.device)
+        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         self.model = self.wrap_model(model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
@@ -306,9 +306,11 @@ class TorchStrategy(Strategy):
             total += loss.detach().float()
         return self.reduce_mean(total / n)
 
+    #: the process group over which pipeline stages sum their gradient norms (None: no pipeline)
+    stage_group = None
+
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
-        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+        return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group)
 
     def optimizer_step(self, max_grad_norm: float) -> float:
         self.precision.unscale_(self.optimizer)

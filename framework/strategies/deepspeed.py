@@ -17,7 +17,7 @@ import torch
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import MODES as AC_MODES, apply_activation_checkpointing
+from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
 from framework.strategies import deepspeed_config as dsc
 from framework.strategies.base import Strategy
 
@@ -124,7 +124,7 @@ class DeepSpeedStrategy(Strategy):
         self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
         self.ds_config: dict = {}
 
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         import deepspeed
         from deepspeed.utils import logger as ds_logger
         ds_logger.setLevel("WARNING")
@@ -132,10 +132,8 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:
             dsc.write(self.ds_config, self.run_dir)
-        model = build_model()
-        ac = self.cfg.activation_checkpointing
-        if ac.mode != "none":
-            apply_activation_checkpointing(model, ac, ac.block_classes)
+        model = self._build_model(model_factory)
+        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         groups = build_optimizer.param_groups(model.parameters())
         optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -143,6 +141,26 @@ class DeepSpeedStrategy(Strategy):
             lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
         self.model = self.engine
         self.dtype = DTYPES[self.cfg.precision.name]
+
+    def _build_model(self, model_factory) -> torch.nn.Module:
+        """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
+        holds the whole model; each rank then fills its own partitions from the seeded (or loaded) weights."""
+        if self.cfg.zero.stage != 3:
+            return model_factory()
+        import deepspeed
+        deepspeed.init_distributed()   # zero.Init reads the world size from DeepSpeed's own comm layer
+        with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
+            model = model_factory.skeleton()
+        if model_factory.can_materialize or model_factory.initial_load:
+            rank = torch.distributed.get_rank()
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    local = param.ds_tensor.view(-1)
+                    start = local.numel() * rank
+                    count = max(0, min(local.numel(), param.ds_numel - start))
+                    full = model_factory.full_parameter(name, param.ds_shape).view(-1)
+                    local[:count].copy_(full[start:start + count])
+        return model
 
     def _to_device(self, batch):
         for t in batch:

@@ -20,27 +20,25 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from framework.config.errors import ConfigError
-from framework.config.schema import ParallelConfig
 from framework.models.spec import spec_for
-from framework.parallel.activation_checkpointing import apply_activation_checkpointing
-from framework.parallel.fsdp import apply_fsdp, mixed_precision_policy
+from framework.parallel.fsdp import mixed_precision_policy
 from framework.parallel.mesh import ParallelDims
+from framework.parallel.parallelize import ShardingPlan, parallelize
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
-from framework.parallel.tensor_parallel import apply_tensor_parallel
 from framework.precision import validate_precision
 from framework.strategies.base import TorchStrategy, ZERO_NAMES
+from framework.strategies.fsdp import FSDPOptions
 
 
 @dataclass
-class Parallel3DOptions(ParallelConfig):
+class Parallel3DOptions(FSDPOptions):
+    """parallel=fsdp's options (dp degrees, wrap_classes) plus tensor and pipeline degrees."""
     name: str = "3d"
     tp: int = 2
     pp: int = 2
-    dp_shard: int = -1
     #: processes to spawn when a degree is -1 and neither torchrun nor launcher.nproc_per_node sets the world
     default_world_size: int = 8
 
@@ -141,19 +139,19 @@ class Parallel3DStrategy(TorchStrategy):
         self.mesh = mesh_dims.build_mesh(self.device.type)
         self.pp_rank = self.mesh.pp.get_local_rank()
 
-        full = model_factory.meta()
         if self.dims.pp > 1:
             schedule = schedule_class(cfg.parallel.pp_schedule)
             self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages, schedule)
             self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
-            modules = [self.spec.pipeline_stage(full, i, self.num_stages) for i in self.stage_ids]
         else:
-            self.stage_ids, self.num_stages, modules = [0], 1, [full]
-        for module in modules:
-            self._parallelize(module, mesh_dims)
-            model_factory.materialize(module, self.device)
+            self.stage_ids, self.num_stages = [0], 1
+        sharding = ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
+                                mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
+        modules = parallelize(model_factory, self.mesh, cfg, self.device, sharding, tuple(self.stage_ids),
+                              self.num_stages)
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+        self.stage_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
 
         self.schedule = None
         if self.dims.pp > 1:
@@ -163,18 +161,6 @@ class Parallel3DStrategy(TorchStrategy):
                                            self.mesh.pp.get_group(), self.device)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
-
-    def _parallelize(self, module: nn.Module, mesh_dims: ParallelDims) -> None:
-        cfg = self.cfg
-        apply_tensor_parallel(module, self.mesh.tp,
-                              self.spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel) or {})
-        ac = cfg.activation_checkpointing
-        block_classes = tuple(ac.get("block_classes") or ())
-        if ac.mode != "none":
-            apply_activation_checkpointing(module, ac, block_classes)
-        if mesh_dims.dp > 1:
-            apply_fsdp(module, self.mesh.fsdp, reshard_after_forward=cfg.zero.stage == 3,
-                       mp_policy=mixed_precision_policy(cfg.precision), block_classes=block_classes)
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
@@ -247,25 +233,3 @@ class Parallel3DStrategy(TorchStrategy):
         total = local.detach().clone()
         dist.all_reduce(total)
         return total / (self.dims.dp * self.dims.tp)
-
-    def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
-        """Norm over all parameters of the model: sharded pieces (tp, dp) by DTensor, stages (pp) summed."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        groups: dict = {}
-        for g in grads:
-            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
-            groups.setdefault(key, []).append(g)
-        squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for group in groups.values():
-            norm = torch.nn.utils.get_total_norm(group)
-            if isinstance(norm, DTensor):
-                norm = norm.full_tensor()
-            squares += norm.float() ** 2
-        if self.dims.pp > 1:
-            dist.all_reduce(squares, group=self.mesh.pp.get_group())
-        total = squares.sqrt()
-        if max_grad_norm > 0:
-            coef = float(torch.clamp(max_grad_norm / (total + 1e-6), max=1.0))
-            for g in grads:
-                g.mul_(coef)
-        return total

@@ -13,7 +13,7 @@ import re
 import torch
 from safetensors import safe_open
 
-from framework.models.hf_files import CONFIG, WEIGHTS, LayoutError, read_config
+from framework.models.hf_files import WEIGHTS, LayoutError, read_config
 from framework.models.llama.model import LlamaArgs
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")

@@ -179,7 +179,11 @@ def init_parameter(tensor: torch.Tensor, name: str, seed: int, n_layers: int, st
         return
     scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
     gen = torch.Generator().manual_seed(param_seed(seed, name))
-    tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale)
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous() \
+            and not tensor.requires_grad:
+        torch.randn(tensor.shape, generator=gen, out=tensor).mul_(scale)   # no full-size temporary
+    else:
+        tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale)
 
 
 @torch.no_grad()
