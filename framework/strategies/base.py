@@ -63,6 +63,11 @@ class Strategy:
                               f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
                               f"= {t.micro_batch_size} x {dp} = {per_step}")
 
+    #: parallel dims beyond data parallelism that this strategy has (the others must stay 1)
+    model_parallel_dims: tuple[str, ...] = ()
+    #: why a precision is missing from `precisions`, added to the error
+    precision_note = ""
+
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
         """Before validation: let files the user brings (DeepSpeed's JSON) set what the user left at our
@@ -70,7 +75,7 @@ class Strategy:
 
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:
-        """Cross-field rules this strategy adds; raise ConfigError."""
+        """The template every strategy runs: the shared capability checks, always, then its own `check`."""
         stage = cfg.zero.stage
         if stage not in cls.zero_support:
             raise ConfigError("zero", f"parallel={cls.name} does not do zero={ZERO_NAMES.get(stage, stage)}")
@@ -79,17 +84,23 @@ class Strategy:
                                       f"{cls.zero_support[stage]}")
         validate_precision(cfg)
         if cfg.precision.name not in cls.precisions:
+            note = f": {cls.precision_note}" if cls.precision_note else ""
             raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
-                                           f"it supports {', '.join(cls.precisions)}")
+                                           f"it supports {', '.join(cls.precisions)}{note}")
         validate_activation_checkpointing(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"parallel={cls.name} does not support activation_checkpointing="
                               f"{cfg.activation_checkpointing.mode} yet")
         for key in ("tp", "pp"):
-            if getattr(cfg.parallel, key) != 1:
+            if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
                                                       f"(got {getattr(cfg.parallel, key)}); parallel=3d does")
+        cls.check(cfg, world_size)
+
+    @classmethod
+    def check(cls, cfg, world_size: int) -> None:
+        """Rules this strategy adds on top of the shared ones; raise ConfigError."""
 
     # ---- inside a worker ----------------------------------------------------------------
     def __init__(self, cfg):

@@ -9,48 +9,20 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
 
 from framework.config.errors import ConfigError
-from framework.config.schema import ParallelConfig
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
 from framework.strategies import deepspeed_config as dsc
+from framework.strategies.deepspeed_options import DeepSpeedOptions
 from framework.strategies.base import Strategy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@dataclass
-class DeepSpeedOptions(ParallelConfig):
-    """parallel.* for DeepSpeed. Knob defaults are DeepSpeed's own (None: DeepSpeed picks per stage)."""
-    name: str = "deepspeed"
-    overlap_comm: Optional[bool] = None
-    contiguous_gradients: bool = True
-    reduce_scatter: bool = True
-    reduce_bucket_size: int = 500_000_000
-    allgather_partitions: bool = True
-    allgather_bucket_size: int = 500_000_000
-    round_robin_gradients: bool = False
-    sub_group_size: int = 1_000_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    stage3_max_reuse_distance: int = 1_000_000_000
-    stage3_gather_16bit_weights_on_model_save: bool = False
-    pin_memory: bool = False                # page-locked offload buffers (pays off with CUDA)
-    nvme_path: Optional[str] = None         # offload to NVMe under this directory instead of CPU memory
-    # precision=fp16: DeepSpeed's extras to precision.init_scale / growth_interval
-    hysteresis: int = 2                     # overflows tolerated before the scale backs off
-    min_loss_scale: float = 1.0
-    # DeepSpeed builds Adam(W) itself: FusedAdam / DeepSpeedCPUAdam where deepspeed's ops are prebuilt,
-    # else (CUDA) torch's Adam(W) inside DeepSpeed, as those kernels would need nvcc at run time
-    use_deepspeed_optimizer: bool = False
-    ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
-    overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
 
 
 class DeepSpeedStrategy(Strategy):
@@ -68,8 +40,7 @@ class DeepSpeedStrategy(Strategy):
         adopt(cfg, world_size, explicit)
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
-        super().validate(cfg, world_size)
+    def check(cls, cfg, world_size: int) -> None:
         if cfg.trainer.on_nonfinite == "skip":
             raise ConfigError("trainer.on_nonfinite", "parallel=deepspeed cannot drop a step's gradients from its "
                                                       "ZeRO buffers; use abort (fp16 loss scaling skips overflowed "

@@ -47,8 +47,7 @@ class FSDPStrategy(TorchStrategy):
         return max(2, known) if -1 in (rep, shard) else known
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
-        super().validate(cfg, world_size)
+    def check(cls, cfg, world_size: int) -> None:
         ParallelDims.from_config(cfg.parallel, world_size)
         if cfg.zero.offload_optimizer and not cfg.zero.offload_params:
             raise ConfigError("zero.offload_optimizer", "parallel=fsdp offloads parameters, gradients and "

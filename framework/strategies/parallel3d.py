@@ -28,8 +28,7 @@ from framework.parallel.mesh import ParallelDims
 from framework.parallel.parallelize import ShardingPlan, parallelize
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
-from framework.precision import validate_precision
-from framework.strategies.base import TorchStrategy, ZERO_NAMES
+from framework.strategies.base import TorchStrategy
 from framework.strategies.fsdp import FSDPOptions
 
 
@@ -54,6 +53,8 @@ class Parallel3DStrategy(TorchStrategy):
     # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16")
+    precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
+    model_parallel_dims = ("tp", "pp")
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
@@ -72,23 +73,11 @@ class Parallel3DStrategy(TorchStrategy):
         """validate() checks this strategy's batch rule: micro_batch_size is capped at a rank's share."""
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg, world_size: int) -> None:
         p, t, model = cfg.parallel, cfg.trainer, cfg.model
-        stage = cfg.zero.stage
-        if cls.zero_support.get(stage, "") is not None:
-            raise ConfigError("zero", f"parallel=3d does not do zero={ZERO_NAMES.get(stage, stage)}; "
-                                      f"{cls.zero_support.get(stage, 'use none, stage2 or stage3')}")
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
                                       "and parameters, parallel=fsdp offloads parameters")
-        if cfg.precision.name not in cls.precisions:
-            raise ConfigError("precision", f"parallel=3d supports precision={' or '.join(cls.precisions)}, not "
-                                           f"{cfg.precision.name}: fp16 loss scaling cannot reach into the pipeline "
-                                           f"schedule's backward; bf16 needs no scaling")
-        validate_precision(cfg)
-        if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
-            raise ConfigError("activation_checkpointing",
-                              f"unknown mode {cfg.activation_checkpointing.mode!r}")
         if p.default_world_size <= 0:
             raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
         dims = ParallelDims.from_config(p, world_size)
