@@ -3,8 +3,8 @@
     python benchmarks/startup_memory.py [--nproc 4] [--layouts ddp fsdp deepspeed3]
 
 A sharded layout must never hold the whole model: fsdp builds on the meta device and materialises only
-its shards; ddp holds a full replica; deepspeed zero=stage3 still builds the full model before
-partitioning it (kept as the comparison for that work). Each rank resets its peak RSS (VmHWM, via /proc/self/clear_refs) just before the
+its shards; deepspeed zero=stage3 partitions each module as it is constructed (zero.Init). ddp holds a
+full replica. Each rank resets its peak RSS (VmHWM, via /proc/self/clear_refs) just before the
 strategy's setup and reads it twice: when the model is built (sharded, filled, wrapped) and when setup
 (optimizer and engine included) is done. Also prints the first step's loss, the same in every layout.
 """
@@ -70,6 +70,16 @@ def worker(overrides: list[str], out: str) -> None:
             readings["built_kib"] = _rss_kib("VmHWM:")
 
     factory = Measured(cfg)
+    if cfg.parallel.name == "deepspeed":
+        build = type(s)._build_model
+
+        def measured_build(self, model_factory):
+            model = build(self, model_factory)
+            readings["built_kib"] = _rss_kib("VmHWM:")
+            return model
+        type(s)._build_model = measured_build
+        import deepspeed   # the library's own code and buffers are not the model's: load them before the baseline
+        deepspeed.init_distributed()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")                                   # reset VmHWM to the current RSS
     before = _rss_kib("VmRSS:")

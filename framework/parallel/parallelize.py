@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.fsdp import apply_fsdp
@@ -52,5 +53,6 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
                        block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
         if on_meta:
             # Offloaded shards live in CPU memory; FSDP2 moves them to the device per use.
-            model_factory.materialize(module, torch.device("cpu") if sharding.offload else device)
+            with returning_large_frees():
+                model_factory.materialize(module, torch.device("cpu") if sharding.offload else device)
     return modules

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from framework.config.errors import ConfigError
+from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
 from framework.strategies import deepspeed_config as dsc
@@ -103,9 +104,7 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:
             dsc.write(self.ds_config, self.run_dir)
-        # Every rank builds the full model, then DeepSpeed partitions it. (Partitioning at construction with
-        # deepspeed.zero.Init was tried: the first loss matched, later ones drifted 7e-5 from single; not kept.)
-        model = model_factory()
+        model = self._build_model(model_factory)
         checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         groups = build_optimizer.param_groups(model.parameters())
         optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
@@ -114,6 +113,32 @@ class DeepSpeedStrategy(Strategy):
             lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
         self.model = self.engine
         self.dtype = DTYPES[self.cfg.precision.name]
+
+    def _build_model(self, model_factory) -> torch.nn.Module:
+        """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
+        holds the whole model; a spec that initialises by name (or initial_load) then fills each rank's
+        partitions one parameter at a time. Other models keep the init their modules ran under zero.Init."""
+        if self.cfg.zero.stage != 3:
+            return model_factory()
+        import deepspeed
+        deepspeed.init_distributed()   # zero.Init reads the world size from DeepSpeed's own comm layer
+        with returning_large_frees():
+            with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
+                model = model_factory.skeleton()
+            self._fill_partitions(model, model_factory)
+        return model
+
+    @staticmethod
+    def _fill_partitions(model, model_factory) -> None:
+        if model_factory.can_materialize or model_factory.initial_load:
+            rank = torch.distributed.get_rank()
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    local = param.ds_tensor.view(-1)
+                    start = local.numel() * rank
+                    count = max(0, min(local.numel(), param.ds_numel - start))
+                    full = model_factory.full_parameter(name, param.ds_shape).view(-1)
+                    local[:count].copy_(full[start:start + count])
 
     def _to_device(self, batch):
         for t in batch:
