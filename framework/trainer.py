@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from framework import faults
-from framework.checkpoint.manager import CheckpointManager, elastic_restart, resolve_resume
+from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.tokenizer import of_data
+from framework.elastic import group_continues
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
@@ -66,10 +67,11 @@ class Trainer:
         s.setup(model_factory, OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
-        resume = resolve_resume(cfg, self.run_dir)
+        continues = group_continues(self.run_dir, s.device)
+        resume = resolve_resume(cfg, self.run_dir, continues)
         if resume:
             self.step = checkpoints.load(resume)
-        if s.is_main and (resume or elastic_restart()):
+        if s.is_main and (resume or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
@@ -108,7 +110,7 @@ class Trainer:
                     tokens_per_sec = tokens_per_step / elapsed
                     record = {
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                        "tokens_per_sec": tokens_per_sec,
+                        "tokens_per_sec": tokens_per_sec, "world_size": s.world_size,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
                         **memory.read(),
                         **s.memory_breakdown(),
