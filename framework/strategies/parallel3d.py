@@ -134,9 +134,7 @@ class Parallel3DStrategy(TorchStrategy):
             self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
         else:
             self.stage_ids, self.num_stages = [0], 1
-        sharding = ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
-                                mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
-        modules = parallelize(model_factory, self.mesh, cfg, self.device, sharding, tuple(self.stage_ids),
+        modules = parallelize(model_factory, self.mesh, cfg, self.device, self.sharding(mesh_dims), tuple(self.stage_ids),
                               self.num_stages)
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
@@ -150,6 +148,12 @@ class Parallel3DStrategy(TorchStrategy):
                                            self.mesh.pp.get_group(), self.device)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def sharding(self, mesh_dims: ParallelDims) -> ShardingPlan:
+        """FSDP2 over the data-parallel dims, with the same mixed-precision policy as parallel=fsdp."""
+        cfg = self.cfg
+        return ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
+                            mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
