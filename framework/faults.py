@@ -1,10 +1,11 @@
 """Fault injection for crash-safety tests, behind one switch: the FRAMEWORK_FAULT environment variable.
 
-FRAMEWORK_FAULT is a comma-separated list of `<point>:<step>[:rank=<r>][:attempt=<a>][:do=<action>]`.
+FRAMEWORK_FAULT is a comma-separated list of
+`<point>:<step>[:rank=<r>][:attempt=<a>][:world=<n>][:do=<action>]`.
 Points: `startup` (process group up, before the first step; step = the step it resumes from), `step`
 (after forward/backward of that step, before the optimizer step), `eval`, `save` (half-way through
-writing that step's checkpoint). Without rank= or attempt= it fires on every rank / every restart
-attempt. Actions: `kill` (SIGKILL itself, the default) or `hang` (sleep forever: a stalled rank).
+writing that step's checkpoint). Without rank=, attempt= or world= it fires on every rank, every restart
+attempt, every world size (world= tells a group before an elastic resize from the one after it). Actions: `kill` (SIGKILL itself, the default) or `hang` (sleep forever: a stalled rank).
 Unset, `inject` is a dictionary lookup and nothing else.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ def _faults() -> tuple[dict, ...]:
     faults = []
     for item in filter(None, os.environ.get("FRAMEWORK_FAULT", "").split(",")):
         point, step, *opts = item.strip().split(":")
-        fault = {"point": point, "step": int(step), "rank": None, "attempt": None, "do": "kill"}
+        fault = {"point": point, "step": int(step), "rank": None, "attempt": None, "world": None, "do": "kill"}
         for opt in opts:
             key, value = opt.split("=")
             fault[key] = value if key == "do" else int(value)
@@ -33,8 +34,10 @@ def inject(point: str, step: int) -> None:
         return
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     for f in _faults():
-        if (f["point"], f["step"]) == (point, step) and f["rank"] in (None, rank) and f["attempt"] in (None, attempt):
+        if ((f["point"], f["step"]) == (point, step) and f["rank"] in (None, rank) and f["attempt"] in (None, attempt)
+                and f["world"] in (None, world)):
             if f["do"] == "hang":
                 while True:
                     time.sleep(3600)

@@ -14,8 +14,6 @@ import sys
 
 import torch
 
-LLAMA_TARGET = "framework.models.llama.Llama"
-
 
 class GenerateError(ValueError):
     """A path that holds no usable model or tokenizer."""
@@ -35,11 +33,11 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int, generator: 
 
 @torch.no_grad()
 def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
-           seed: int = 0, eos_id: int | None = None) -> list[int]:
-    """Continue `ids` token by token (the whole window each time: these models are small)."""
+           seed: int = 0, eos_id: int | None = None, window: int | None = None) -> list[int]:
+    """Continue `ids` token by token (the last `window` tokens each time: these models are small)."""
     generator = torch.Generator().manual_seed(seed)
     tokens = list(ids)
-    window = model.args.max_seq_len
+    window = window or getattr(model, "context_length", None)
     for _ in range(max_new_tokens):
         next_id = next_token(model(torch.tensor([tokens[-window:]]))[0, -1], temperature, top_k, generator)
         if next_id == eos_id:
@@ -48,16 +46,27 @@ def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8,
     return tokens[len(ids):]
 
 
+def _built(spec, model_cfg):
+    model = spec.build(model_cfg)
+    model.context_length = spec.context_length(model_cfg)
+    return model
+
+
+@torch.no_grad()
 def _from_export(path: str):
-    from framework.checkpoint import hf_layout
-    from framework.models.llama import Llama
-    hf = hf_layout.read_hf_config(path)
-    model = Llama(dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-                  n_kv_heads=hf.get("num_key_value_heads"), vocab_size=hf["vocab_size"],
-                  ffn_dim=hf["intermediate_size"], norm_eps=hf.get("rms_norm_eps", 1e-5),
-                  rope_theta=hf.get("rope_theta", 10000.0), max_seq_len=hf["max_position_embeddings"],
-                  tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-    hf_layout.load_into(model, path)
+    from framework.config.errors import ConfigError
+    from framework.models import hf_files
+    from framework.models.spec import spec_for_hf
+    hf = hf_files.read_config(path)
+    try:
+        spec = spec_for_hf(hf)
+    except ConfigError as e:
+        raise GenerateError(f"{path}: {str(e).partition(': ')[2]}") from None
+    model_cfg = spec.model_cfg_from_hf(hf)
+    model = _built(spec, model_cfg)
+    weights = spec.hf_weights(path, model_cfg)
+    for name, param in model.named_parameters():
+        param.copy_(weights.full(name))
     from framework.data.tokenizer import TOKENIZER_FILE, load_file
     tok_file = os.path.join(path, TOKENIZER_FILE)
     return model, (load_file(tok_file) if os.path.isfile(tok_file) else None)
@@ -69,13 +78,10 @@ def _from_checkpoint(path: str):
     from framework.checkpoint.manager import CONFIG, read_meta
     from framework.data.tokenizer import of_checkpoint
     from framework.export.read import READERS
-    from framework.models.llama import Llama
+    from framework.models.spec import spec_for
     meta = read_meta(path)
     cfg = OmegaConf.load(os.path.join(path, CONFIG))
-    if cfg.model.get("_target_") != LLAMA_TARGET:
-        raise GenerateError(f"{path} holds model._target_={cfg.model.get('_target_')}; generation reads "
-                            f"{LLAMA_TARGET} checkpoints")
-    model = Llama(**{k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k != "_target_"})
+    model = _built(spec_for(cfg.model), cfg.model)
     model.load_state_dict(READERS[meta["format"]](path))
     return model, of_checkpoint(path, cfg.data)
 

@@ -140,6 +140,11 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
                           run_id=node.job_id or f"framework-{node.master_port}", rdzv_backend=node.rdzv_backend,
                           rdzv_endpoint=f"{node.master_addr}:{node.master_port}",
                           rdzv_configs={"rank": node.node_rank} if node.rdzv_backend == "static" else {})
+    if rendezvous["min_nodes"] < rendezvous["max_nodes"]:
+        # A node joining a running group: with the rendezvous store shared across rounds, torch's agent on
+        # the old rank-0 node never publishes the new round's master address, and both sides wait on the
+        # store until they time out. Each round then gets its own store.
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     config = LaunchConfig(
         nproc_per_node=nproc, **rendezvous,
         max_restarts=cfg.launcher.max_restarts,

@@ -6,19 +6,18 @@ import time
 
 import torch
 import torch.nn.functional as F
-from hydra.utils import instantiate
 
 from framework import faults
-from framework.checkpoint import hf_layout
-from framework.checkpoint.manager import CheckpointManager, elastic_restart, resolve_resume
+from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.tokenizer import of_data
+from framework.elastic import group_continues
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
 from framework.metrics.samples import TextSampler
 from framework.metrics.summary import run_summary
-from framework.models.llama import Llama, init_weights
+from framework.models.factory import ModelFactory
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.preemption import Preempted, PreemptionWatch
@@ -30,17 +29,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def build_model(cfg) -> torch.nn.Module:
-    """Same seed -> same initial weights, whatever the layout: every rank builds the full model
-    from the seed (our Llama seeds each parameter by name, so a shard can be built alone)."""
-    torch.manual_seed(cfg.seed)
-    model = instantiate(cfg.model, _convert_="all")
-    if isinstance(model, Llama):
-        init_weights(model, cfg.seed)
-        # A resume loads its checkpoint over these. On the meta device (parallel=3d) there is nothing to
-        # fill yet: each rank loads its own shards when it materializes them.
-        if cfg.checkpoint.initial_load and not next(model.parameters()).is_meta:
-            hf_layout.load_into(model, cfg.checkpoint.initial_load)
-    return model
+    """Same seed -> same initial weights, whatever the layout (see ModelFactory)."""
+    return ModelFactory(cfg)()
 
 
 class Trainer:
@@ -73,17 +63,19 @@ class Trainer:
     def fit(self) -> None:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
         started = time.perf_counter()
-        s.setup(lambda: build_model(cfg), OptimizerFactory(cfg.optimizer),
+        model_factory = ModelFactory(cfg)
+        s.setup(model_factory, OptimizerFactory(cfg.optimizer),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
-        resume = resolve_resume(cfg, self.run_dir)
+        continues = group_continues(self.run_dir, s.device)
+        resume = resolve_resume(cfg, self.run_dir, continues)
         if resume:
             self.step = checkpoints.load(resume)
-        if s.is_main and (resume or elastic_restart()):
+        if s.is_main and (resume or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
         tokens_per_step = t.global_batch_size * cfg.data.seq_len
-        flops_per_token = s.flops_per_token(cfg.data.seq_len)
+        flops_per_token = model_factory.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(s.device, cfg.logging, cfg.precision)
         memory = IntervalPeakMemory(s.device)
         memory.reset()
@@ -118,7 +110,7 @@ class Trainer:
                     tokens_per_sec = tokens_per_step / elapsed
                     record = {
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                        "tokens_per_sec": tokens_per_sec,
+                        "tokens_per_sec": tokens_per_sec, "world_size": s.world_size,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
                         **memory.read(),
                         **s.memory_breakdown(),

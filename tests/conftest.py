@@ -8,6 +8,10 @@ from framework.config.store import register_configs
 from tests.helpers import FAST, check_ok, losses, run_framework
 
 _references: dict[tuple, list[float]] = {}
+_trained: dict[tuple, object] = {}
+
+#: what trained_run adds to FAST: checkpoints at steps 4 and 8
+CHECKPOINTED = ("checkpoint.enabled=true", "checkpoint.interval=4")
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +24,20 @@ def single_reference(tmp_path_factory):
             check_ok(run_framework([*FAST, "parallel=single", *extra], run_dir))
             _references[key] = losses(run_dir)
         return _references[key]
+    return get
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory):
+    """Run dir of an uninterrupted FAST run of a layout with checkpoints at steps 4 and 8, trained once
+    per session for every test that reads it (resume, resharding, export). Tests must not write into it."""
+    def get(*layout: str):
+        key = tuple(layout)
+        if key not in _trained:
+            run_dir = tmp_path_factory.mktemp("trained")
+            check_ok(run_framework([*FAST, *CHECKPOINTED, *layout], run_dir))
+            _trained[key] = run_dir
+        return _trained[key]
     return get
 
 

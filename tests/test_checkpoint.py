@@ -10,7 +10,8 @@ import pytest
 
 from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
 
-CKPT = ["checkpoint.enabled=true", "checkpoint.interval=4"]
+from tests.conftest import CHECKPOINTED as CKPT
+
 EXACT = 1e-6
 
 
@@ -27,11 +28,15 @@ def _tree_digest(root: Path) -> str:
     return h.hexdigest()
 
 
+def step_4(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "step_00000004"
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(trained_run):
     """The reference: 8 steps in one single-process run, with checkpoints at 4 and 8."""
-    run_dir = tmp_path_factory.mktemp("full")
-    return run_dir, _train(run_dir)
+    run_dir = trained_run("parallel=single")
+    return run_dir, losses(run_dir)
 
 
 @pytest.mark.parametrize("layout", [
@@ -43,16 +48,22 @@ def uninterrupted(tmp_path_factory):
     ["parallel=deepspeed", "zero=stage2"],
     ["parallel=deepspeed", "zero=stage3"],
 ], ids=lambda a: "-".join(x.split("=")[1] for x in a))
-def test_resume_is_exact(tmp_path, uninterrupted, layout):
-    """N steps, stop, resume, N more == 2N in one run (same schedule: stop_at_step keeps max_steps)."""
-    full_dir, _ = uninterrupted
-    reference = _train(tmp_path / "ref", *layout) if layout != ["parallel=single"] else losses(full_dir)
-    run_dir = tmp_path / "run"
-    first = _train(run_dir, *layout, "trainer.stop_at_step=4")
-    assert len(first) == 4 and (run_dir / "checkpoints" / "step_00000004" / "meta.json").exists()
-    resumed = _train(run_dir, *layout, "checkpoint.resume=auto")
-    assert len(resumed) == 8    # metrics.jsonl holds each step once
-    assert max_rel_diff(reference, resumed) <= EXACT
+def test_resume_is_exact(tmp_path, trained_run, layout):
+    """Resuming at step 4 gives steps 5..8 of the same layout's uninterrupted run (same schedule).
+    Single also goes through stop_at_step and resume=auto in one run dir: each step logged once."""
+    reference_dir = trained_run(*layout)
+    reference = losses(reference_dir)
+    if layout == ["parallel=single"]:
+        run_dir = tmp_path / "run"
+        first = _train(run_dir, *layout, "trainer.stop_at_step=4")
+        assert len(first) == 4 and (step_4(run_dir) / "meta.json").exists()
+        resumed = _train(run_dir, *layout, "checkpoint.resume=auto")
+        assert len(resumed) == 8    # metrics.jsonl holds each step once
+        assert max_rel_diff(reference, resumed) <= EXACT
+        return
+    resumed = _train(tmp_path / "resumed", *layout, f"checkpoint.resume={step_4(reference_dir)}")
+    assert len(resumed) == 4
+    assert max_rel_diff(reference[4:], resumed) <= EXACT
 
 
 @pytest.mark.parametrize("saved,resumed", [
@@ -64,12 +75,10 @@ def test_resume_is_exact(tmp_path, uninterrupted, layout):
     (["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1"], ["parallel=single"]),
 ], ids=["ddp_z1x2-to-fsdp_x4", "fsdp_x2-to-single", "single-to-ddp_x2", "hsdp_2x2-to-ddp_z1", "fsdp_x2-to-3d_tp2dp2",
         "3d_tp2pp2-to-single"])
-def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, saved, resumed):
+def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, trained_run, saved, resumed):
     _, reference = uninterrupted
-    first = tmp_path / "first"
-    _train(first, *saved, "trainer.stop_at_step=4")
     second = tmp_path / "second"
-    got = _train(second, *resumed, f"checkpoint.resume={first / 'checkpoints' / 'step_00000004'}")
+    got = _train(second, *resumed, f"checkpoint.resume={step_4(trained_run(*saved))}")
     assert [r for r in got] and len(got) == 4
     assert max_rel_diff(reference[4:], got) <= 1e-4
 
@@ -78,13 +87,12 @@ PIPELINE = ["model.n_layers=4", "parallel=3d", "parallel.tp=1", "parallel.dp_sha
             "parallel.pp_schedule=Interleaved1F1B", "parallel.pp_virtual_stages=2"]
 
 
-def test_pipeline_checkpoint_holds_full_model_names_and_reshards_to_other_layouts(tmp_path):
+def test_pipeline_checkpoint_holds_full_model_names_and_reshards_to_other_layouts(tmp_path, trained_run):
     """Interleaved pipeline ranks hold two stages each; their checkpoint must look like the full model's,
     so it resumes under fsdp (and 3d tp x dp) exactly where the uninterrupted 3d run goes."""
-    reference = _train(tmp_path / "ref", *PIPELINE)
-    first = tmp_path / "first"
-    _train(first, *PIPELINE, "trainer.stop_at_step=4")
-    ckpt = first / "checkpoints" / "step_00000004"
+    reference_dir = trained_run(*PIPELINE)
+    reference = losses(reference_dir)
+    ckpt = step_4(reference_dir)
     for name, layout in (("fsdp", ["model.n_layers=4", "parallel=fsdp", "zero=stage3"]),
                          ("tpdp", ["model.n_layers=4", "parallel=3d", "parallel.tp=2", "parallel.pp=1",
                                    "parallel.dp_shard=2", "zero=stage2"])):

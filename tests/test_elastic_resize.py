@@ -1,10 +1,13 @@
 """Elastic world size: two torchrun "nodes" (`--nnodes=1:2`, c10d rendezvous, 2 workers each); the node
 not hosting the rendezvous store is SIGKILLed mid-run. The survivor re-forms the group at world size 2,
 resumes from the last checkpoint with the same global batch (gradient accumulation doubles) and ends
-with the losses of an uninterrupted single-process run.
+with the losses of an uninterrupted single-process run. And the other way: a node that joins a running
+1-node job grows the group to world size 4 with the same guarantee (torchrun started as README says,
+with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
 
 torchrun runs through tests/fixtures/torchrun_short_exit_barrier.py: after the run, torch's agent would
 otherwise wait out a 300 s exit barrier for the lost node (torchrun has no flag for it)."""
+import json
 import os
 import signal
 import socket
@@ -28,12 +31,18 @@ def _logged(run_dir) -> int:
         return 0
 
 
-def _node(port: int, run_dir, layout: list[str], log) -> subprocess.Popen:
+def _node(port: int, run_dir, layout: list[str], log, rdzv_conf: tuple[str, ...] = (), env: dict | None = None) -> subprocess.Popen:
     cmd = [sys.executable, str(REPO / "tests" / "fixtures" / "torchrun_short_exit_barrier.py"), "--nnodes=1:2", "--nproc-per-node=2",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", "--max-restarts=3", "--monitor-interval=0.5",
-           "-m", "framework", *ARGS, *layout, f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                            stdout=log, stderr=subprocess.STDOUT)
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=localhost:{port}", *rdzv_conf, "--max-restarts=3",
+           "--monitor-interval=0.5", "-m", "framework", *ARGS, *layout, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
+    return subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +58,7 @@ def reference(tmp_path_factory):
     ["parallel=3d", "parallel.tp=2", "parallel.pp=1"],    # tp2 x dp2 -> tp2 x dp1
 ], ids=["ddp", "fsdp", "3d_tp2"])
 def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, reference, layout):
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     run_dir = tmp_path / "run"
     with open(tmp_path / "host.log", "w") as host_log, open(tmp_path / "lost.log", "w") as lost_log:
         host = _node(port, run_dir, layout, host_log)     # first up: it hosts the rendezvous store
@@ -69,6 +76,40 @@ def test_losing_a_node_shrinks_the_group_and_keeps_the_curve(tmp_path, reference
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
     assert KILL_AT <= killed_at < STEPS, "the node was lost after the run ended: the test proves nothing"
+    got = losses(run_dir)
+    assert len(got) == STEPS
+    assert max_rel_diff(reference, got) <= 1e-5
+
+
+JOIN_AT = 8
+# The first node's group waits at step JOIN_AT + 2 (while it is 2 ranks) until the new node's arrival
+# makes its agent stop it; however fast this machine trains, the join lands mid-run.
+WAIT_FOR_JOIN = {"FRAMEWORK_FAULT": f"step:{JOIN_AT + 2}:world=2:do=hang"}
+
+
+def test_a_joining_node_grows_the_group_and_keeps_the_curve(tmp_path, reference):
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    # last_call_timeout=1: the first node starts alone instead of waiting 30 s for a second one.
+    conf = ("--rdzv-conf=last_call_timeout=1",)
+    with open(tmp_path / "host.log", "w") as host_log, open(tmp_path / "joined.log", "w") as joined_log:
+        host = _node(port, run_dir, ["parallel=ddp"], host_log, conf, WAIT_FOR_JOIN)
+        joined = None
+        try:
+            deadline = time.monotonic() + 300
+            while _logged(run_dir) < JOIN_AT and host.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            joined_at = _logged(run_dir)
+            joined = _node(port, run_dir, ["parallel=ddp"], joined_log, conf)
+            assert host.wait(timeout=900) == 0, (tmp_path / "host.log").read_text()[-4000:]
+            assert joined.wait(timeout=120) == 0, (tmp_path / "joined.log").read_text()[-4000:]
+        finally:
+            for p in (host, joined):
+                if p is not None and p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+    assert JOIN_AT <= joined_at < STEPS, "the node joined after the run ended: the test proves nothing"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert records[0]["world_size"] == 2 and records[-1]["world_size"] == 4, [r["world_size"] for r in records]
     got = losses(run_dir)
     assert len(got) == STEPS
     assert max_rel_diff(reference, got) <= 1e-5

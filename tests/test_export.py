@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint import hf_layout
+from framework.models.llama import hf_adapter as hf_layout
 from framework.checkpoint.manager import read_meta
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
@@ -25,26 +25,17 @@ transformers = pytest.importorskip("transformers")
 # tiny is GQA (4 query heads, 2 key/value heads): both q and k rows go through the rotary permutation.
 LAYOUTS = {
     "fsdp_z3": ["parallel=fsdp", "zero=stage3"],
-    "3d_tp2_dp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2"],
+    "3d_tp2_dp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2", "zero=stage3"],
     "deepspeed_z3": ["parallel=deepspeed", "zero=stage3"],
     "deepspeed_z2": ["parallel=deepspeed", "zero=stage2"],
 }
-STEPS = 2
+STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Layout name -> run dir of a 2-step run that saved a checkpoint; trained once, on first use."""
-    root, done = tmp_path_factory.mktemp("runs"), {}
-
-    def get(name: str) -> Path:
-        if name not in done:
-            run_dir = root / name
-            check_ok(run_framework([*FAST, *LAYOUTS[name], f"trainer.max_steps={STEPS}",
-                                    "checkpoint.enabled=true"], run_dir))
-            done[name] = run_dir
-        return done[name]
-    return get
+def runs(trained_run):
+    """Layout name -> run dir of an 8-step run with checkpoints (shared with the checkpoint tests)."""
+    return lambda name: trained_run(*LAYOUTS[name])
 
 
 def step_dir(run_dir: Path) -> Path:

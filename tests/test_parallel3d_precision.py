@@ -5,32 +5,27 @@ import math
 from types import SimpleNamespace
 
 import torch
-from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from framework.strategies import parallel3d
 from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
 
 
-def _policy_3d_applies(compose_config, monkeypatch, *args):
+def _policy_3d_applies(compose_config, *args):
     cfg = compose_config([*FAST, "parallel=3d", *args])
     strategy = parallel3d.Parallel3DStrategy.__new__(parallel3d.Parallel3DStrategy)
-    strategy.cfg, strategy.mesh = cfg, SimpleNamespace(tp=None, fsdp="the fsdp mesh")
-    monkeypatch.setattr(parallel3d, "apply_tensor_parallel", lambda *a, **k: None)
-    monkeypatch.setattr(parallel3d, "tensor_parallel_plan", lambda *a, **k: None)
-    seen = {}
-    monkeypatch.setattr(parallel3d, "apply_fsdp", lambda module, mesh, **kw: seen.update(kw, mesh=mesh))
-    strategy._parallelize(nn.Linear(2, 2), SimpleNamespace(dp=2))
-    assert seen["mesh"] == "the fsdp mesh"
-    return seen["mp_policy"]
+    strategy.cfg = cfg
+    plan = strategy.sharding(SimpleNamespace(dp=2))
+    assert plan.enabled and plan.reshard_after_forward == (cfg.zero.stage == 3)
+    return plan.mp_policy
 
 
-def test_3d_passes_the_fsdp_mixed_precision_policy(compose_config, monkeypatch):
-    assert _policy_3d_applies(compose_config, monkeypatch, "precision=bf16") == \
+def test_3d_passes_the_fsdp_mixed_precision_policy(compose_config):
+    assert _policy_3d_applies(compose_config, "precision=bf16") == \
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    assert _policy_3d_applies(compose_config, monkeypatch, "precision=bf16", "precision.reduce_dtype=bfloat16") == \
+    assert _policy_3d_applies(compose_config, "precision=bf16", "precision.reduce_dtype=bfloat16") == \
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
-    assert _policy_3d_applies(compose_config, monkeypatch) == MixedPrecisionPolicy()
+    assert _policy_3d_applies(compose_config) == MixedPrecisionPolicy()
 
 
 def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp_path, single_reference):

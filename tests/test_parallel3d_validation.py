@@ -36,6 +36,9 @@ IN_PROCESS_CASES = {
                                           "trainer.micro_batch_size=1"], "trainer.global_batch_size",
                                          "8 sequences do not divide among dp_replicate x dp_shard = 3"),
     "zero_stage1_refused": (["zero=stage1"], "zero", "use zero=stage2"),
+    # the shared checks run under 3d too: this once reached the workers and divided by zero there
+    "selective_every_0_layers": (["activation_checkpointing=selective", "activation_checkpointing.every_n_layers=0"],
+                                 "activation_checkpointing.every_n_layers", "must be at least 1, got 0"),
 }
 
 

@@ -127,10 +127,11 @@ def completed_checkpoint(cfg, run_dir: str) -> str | None:
     return found[-1] if step >= cfg.trainer.max_steps else None
 
 
-def resolve_resume(cfg, run_dir: str) -> str | None:
-    """checkpoint.resume: null -> None; auto -> newest complete (or None); a path -> that path."""
+def resolve_resume(cfg, run_dir: str, continues: bool = False) -> str | None:
+    """checkpoint.resume: null -> None; auto -> newest complete (or None); a path -> that path.
+    `continues`: this worker group re-forms an earlier one of the job (framework.elastic)."""
     resume = cfg.checkpoint.resume
-    if elastic_restart() and cfg.checkpoint.enabled and not resume:
+    if continues and cfg.checkpoint.enabled and not resume:
         resume = "auto"   # a restarted worker group continues from where the last one saved
     if not resume:
         return None
@@ -138,10 +139,6 @@ def resolve_resume(cfg, run_dir: str) -> str | None:
         found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
         return found[-1] if found else None
     return resume
-
-
-def elastic_restart() -> bool:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
 def _rank() -> int:

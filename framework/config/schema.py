@@ -21,8 +21,8 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     pp_schedule: str = "1F1B"
-    pp_microbatches: Optional[int] = None
-    pp_virtual_stages: int = 1
+    pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
+    pp_virtual_stages: int = 1              # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
     sequence_parallel: bool = False
 
 

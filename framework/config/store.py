@@ -2,20 +2,13 @@
 (`- /schema/parallel/ddp@_here_`); kept out of the groups themselves so they are not listed as options."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hydra.core.config_store import ConfigStore
 
 from framework.config import schema
-from framework.models.llama import LlamaArgs
-
-
-@dataclass
-class LlamaModelConfig(LlamaArgs):
-    _target_: str = "framework.models.llama.Llama"
 
 
 def register_configs() -> None:
+    from framework.models.spec import SPECS, spec_named
     from framework.strategies.registry import all_strategy_classes
 
     cs = ConfigStore.instance()
@@ -25,7 +18,8 @@ def register_configs() -> None:
     cs.store(group="schema/zero", name="zero", node=schema.ZeroConfig)
     cs.store(group="schema/precision", name="precision", node=schema.PrecisionConfig)
     cs.store(group="schema/activation_checkpointing", name="ac", node=schema.ActivationCheckpointingConfig)
-    cs.store(group="schema/model", name="llama", node=LlamaModelConfig)
+    for name in SPECS:
+        cs.store(group="schema/model", name=name, node=spec_named(name).config_schema())
     cs.store(group="schema/optimizer", name="adamw", node=schema.AdamWConfig)
     cs.store(group="schema/optimizer", name="sgd", node=schema.SGDConfig)
     cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)

@@ -12,7 +12,6 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
@@ -25,10 +24,12 @@ from framework.data.mixture import BLOCK, block_counts
 from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
                                     source_name, streams)
 from framework.devices import check_visible_gpus
+from framework.models import hf_files
+from framework.models.spec import spec_for
 from framework.optim.schedulers import SCHEDULES
 from framework.preemption import signal_number
 
-LLAMA_TARGET = "framework.models.llama.Llama"
+EXAMPLE_TARGET = "framework.models.llama.Llama"
 
 
 def _positive(cfg, *keys: str) -> None:
@@ -50,7 +51,7 @@ def _importable(key: str, target: str) -> type:
     try:
         return get_class(target)
     except Exception:
-        raise ConfigError(key, f"cannot import {target!r}; give a class path such as {LLAMA_TARGET}") from None
+        raise ConfigError(key, f"cannot import {target!r}; give a class path such as {EXAMPLE_TARGET}") from None
 
 
 def validate_model(cfg) -> None:
@@ -58,23 +59,7 @@ def validate_model(cfg) -> None:
     if "_target_" not in model or not model._target_:
         raise ConfigError("model._target_", "missing: name the nn.Module class to train")
     _importable("model._target_", model._target_)
-    if model._target_ != LLAMA_TARGET:
-        return
-    for key in ("dim", "n_layers", "n_heads", "vocab_size", "max_seq_len"):
-        if model[key] <= 0:
-            raise ConfigError(f"model.{key}", f"must be positive, got {model[key]}")
-    kv = model.n_kv_heads or model.n_heads
-    if model.dim % model.n_heads:
-        raise ConfigError("model.dim", f"{model.dim} is not divisible by model.n_heads={model.n_heads}")
-    if (model.dim // model.n_heads) % 2:
-        raise ConfigError("model.dim", f"head dim {model.dim // model.n_heads} must be even for rotary embeddings")
-    if kv <= 0 or model.n_heads % kv:
-        raise ConfigError("model.n_kv_heads", f"{kv} must divide model.n_heads={model.n_heads}")
-    if cfg.data.seq_len > model.max_seq_len:
-        raise ConfigError("data.seq_len", f"{cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
-    if cfg.data.vocab_size > model.vocab_size:
-        raise ConfigError("model.vocab_size", f"{model.vocab_size} is smaller than the data's vocabulary "
-                                              f"(data.vocab_size={cfg.data.vocab_size})")
+    spec_for(model).validate(cfg)
 
 
 def _megatron_prefix(key: str, path: str) -> None:
@@ -186,23 +171,25 @@ def validate_sampling(cfg) -> None:
 def validate_initial_load(cfg, path: str) -> None:
     """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's."""
     key = "checkpoint.initial_load"
-    if cfg.model.get("_target_") != LLAMA_TARGET:
-        raise ConfigError(key, f"loads HF Llama weights into {LLAMA_TARGET} only, not {cfg.model.get('_target_')}")
-    for name in (hf_layout.CONFIG, hf_layout.WEIGHTS):
+    _importable("model._target_", cfg.model._target_)
+    spec = spec_for(cfg.model)
+    if not spec.has_hf_layout:
+        raise ConfigError(key, f"loads Hugging Face weights into models with an HF layout (llama), not "
+                               f"{cfg.model.get('_target_')} (model spec {spec.name})")
+    for name in (hf_files.CONFIG, hf_files.WEIGHTS):
         if not os.path.isfile(os.path.join(path, name)):
             raise ConfigError(key, f"{path} has no {name}; write one with `python -m framework.export`")
     try:
-        hf = hf_layout.read_hf_config(path)
-        args = hf_layout.llama_args(OmegaConf.to_container(cfg.model, resolve=True))
-        mismatches = hf_layout.config_mismatches(hf, args)
-        errors = [] if mismatches else hf_layout.HFWeights(path, args).shape_errors()
+        hf = hf_files.read_config(path)
+        mismatches = spec.hf_mismatches(hf, cfg.model)
+        errors = [] if mismatches else spec.hf_weights(path, cfg.model).shape_errors()
     except Exception as e:
         raise ConfigError(key, f"{path} is unreadable ({type(e).__name__}: {e})") from None
     if mismatches:
         hf_key, ours, theirs, now = mismatches[0]
-        raise ConfigError(key, f"{path}/{hf_layout.CONFIG} has {hf_key}={theirs} but model.{ours} gives {now}")
+        raise ConfigError(key, f"{path}/{hf_files.CONFIG} has {hf_key}={theirs} but model.{ours} gives {now}")
     if errors:
-        raise ConfigError(key, f"{path}/{hf_layout.WEIGHTS}: {errors[0]}")
+        raise ConfigError(key, f"{path}/{hf_files.WEIGHTS}: {errors[0]}")
 
 
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:

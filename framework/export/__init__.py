@@ -1,4 +1,5 @@
-"""`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF Llama safetensors + config.json."""
+"""`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF safetensors + config.json,
+in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter)."""
 from __future__ import annotations
 
 import json
@@ -9,32 +10,38 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint import hf_layout
 from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
 from framework.export.read import READERS
-
-LLAMA_TARGET = "framework.models.llama.Llama"
+from framework.models import hf_files
+from framework.models.spec import spec_for
 
 
 class ExportError(ValueError):
     """Input the exporter cannot use; reported as one line, exit code 2."""
 
 
-def _model_args(step_dir: str):
+def _model_spec(step_dir: str):
+    """(spec, model config) of the checkpoint's model."""
     try:
         cfg = OmegaConf.load(os.path.join(step_dir, CONFIG))
         model = OmegaConf.to_container(cfg.model, resolve=True)
     except Exception as e:
         raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
-    if model.get("_target_") != LLAMA_TARGET:
-        raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')}; the HF Llama layout is "
-                          f"written for {LLAMA_TARGET} only")
     try:
-        return hf_layout.llama_args(model)
-    except TypeError as e:
-        raise ExportError(f"{step_dir}/{CONFIG}: model section does not fit LlamaArgs ({e})") from None
+        spec = spec_for(model)
+    except Exception as e:
+        raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')}, which cannot be imported "
+                          f"({type(e).__name__})") from None
+    if not spec.has_hf_layout:
+        raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')} (model spec {spec.name}), "
+                          f"which has no Hugging Face layout to export to")
+    try:
+        spec.hf_config(model)
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"{step_dir}/{CONFIG}: model section does not fit model spec {spec.name} ({e})") from None
+    return spec, model
 
 
 def _check_out_dir(out_dir: str, force: bool) -> None:
@@ -42,7 +49,7 @@ def _check_out_dir(out_dir: str, force: bool) -> None:
         raise ExportError(f"{out_dir} exists and is not a directory")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
         raise ExportError(f"{out_dir} is not empty; pass --force to replace its "
-                          f"{hf_layout.WEIGHTS} and {hf_layout.CONFIG}")
+                          f"{hf_files.WEIGHTS} and {hf_files.CONFIG}")
 
 
 def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
@@ -55,7 +62,7 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     if meta.get("format") not in READERS:
         raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
                           f"export reads {' and '.join(READERS)}")
-    args = _model_args(step_dir)
+    spec, model = _model_spec(step_dir)
     _check_out_dir(out_dir, force)
     try:
         state = READERS[meta["format"]](step_dir)
@@ -65,12 +72,12 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
         raise ExportError(f"{step_dir}: cannot read the {meta['format']} state ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     try:
-        tensors = hf_layout.to_hf(state, args)
-    except hf_layout.LayoutError as e:
+        tensors = spec.to_hf(state, model)
+    except hf_files.LayoutError as e:
         raise ExportError(f"{step_dir}: {e}") from None
-    config = hf_layout.hf_config(args)
+    config = spec.hf_config(model)
     tok = _tokenizer(step_dir)
-    if tok is not None and tokenizers_.eos_token(tok)[1] < args.vocab_size:   # byte-level models have no EOS row
+    if tok is not None and tokenizers_.eos_token(tok)[1] < config["vocab_size"]:   # byte-level models have no EOS row
         config["eos_token_id"] = tokenizers_.eos_token(tok)[1]
     _write(out_dir, tensors, config, tok)
     return config
@@ -91,10 +98,10 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
     try:
-        save_file(tensors, os.path.join(tmp, hf_layout.WEIGHTS), metadata={"format": "pt"})
-        with open(os.path.join(tmp, hf_layout.CONFIG), "w") as f:
+        save_file(tensors, os.path.join(tmp, hf_files.WEIGHTS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, hf_files.CONFIG), "w") as f:
             json.dump(config, f, indent=2)
-        names = [hf_layout.WEIGHTS, hf_layout.CONFIG]
+        names = [hf_files.WEIGHTS, hf_files.CONFIG]
         if tok is not None:
             names += tokenizers_.write_hf_files(tok, tmp)
         if not os.path.exists(out_dir):

@@ -10,7 +10,7 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m framework.export",
-                                     description="Write a checkpoint's weights as Hugging Face Llama safetensors.")
+                                     description="Write a checkpoint's weights as Hugging Face safetensors.")
     parser.add_argument("checkpoint", help="a checkpoint step dir, e.g. <run>/checkpoints/step_00000100")
     parser.add_argument("out_dir", help="where model.safetensors and config.json go")
     parser.add_argument("--force", action="store_true", help="replace the files it writes in a non-empty out_dir")

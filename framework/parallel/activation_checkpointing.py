@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from framework.config.errors import ConfigError
-from framework.parallel.blocks import find_blocks, has_default_blocks
+from framework.models.spec import ModelSpec, spec_for
+from framework.parallel.blocks import find_blocks
 
 MODES = ("none", "full", "selective")
 
@@ -50,11 +51,9 @@ def validate_activation_checkpointing(cfg) -> None:
         raise ConfigError("activation_checkpointing.every_n_layers", f"must be at least 1, got {ac.every_n_layers}")
     if ac.save_matmuls and ac.mode != "selective":
         raise ConfigError("activation_checkpointing.save_matmuls", "applies to activation_checkpointing=selective")
-    if not ac.block_classes:
-        from hydra.utils import get_class
-        if not has_default_blocks(get_class(cfg.model._target_)):
-            raise ConfigError("activation_checkpointing.block_classes",
-                              f"{cfg.model._target_} has no block_classes(); name the classes to checkpoint")
+    if not ac.block_classes and not spec_for(cfg.model).has_blocks(cfg.model):
+        raise ConfigError("activation_checkpointing.block_classes",
+                          f"{cfg.model._target_} has no block_classes(); name the classes to checkpoint")
 
 
 def selected_blocks(model: nn.Module, ac_cfg, block_classes: Iterable[str | type] = ()) -> list[str]:
@@ -75,3 +74,11 @@ def apply_activation_checkpointing(model: nn.Module, ac_cfg, block_classes: Iter
         block = model.get_submodule(name)
         block.forward = _checkpointed_forward(block.forward, save_matmuls)
     return names
+
+
+def checkpoint_activations(model: nn.Module, ac_cfg, spec: ModelSpec) -> list[str]:
+    """The one entry every strategy calls: the blocks activation_checkpointing.block_classes names,
+    else the model spec's blocks."""
+    if ac_cfg.mode == "none":
+        return []
+    return apply_activation_checkpointing(model, ac_cfg, list(ac_cfg.block_classes) or spec.block_classes(model))

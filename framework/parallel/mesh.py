@@ -41,6 +41,10 @@ class ParallelDims:
                                   f"by the other degrees' product {known}")
             degrees[rest[0]] = world_size // known
         product = math.prod(degrees.values())
+        if product != world_size and degrees["tp"] == degrees["pp"] == 1:
+            rep, shard = degrees["dp_replicate"], degrees["dp_shard"]
+            raise ConfigError("parallel.dp_shard", f"dp_replicate x dp_shard = {rep} x {shard} = {product} does not "
+                                                   f"match the world size {world_size} (launcher.nproc_per_node)")
         if product != world_size:
             shown = " x ".join(f"{dim}={degrees[dim]}" for dim in DIMS)
             raise ConfigError("parallel", f"{shown} = {product} processes, but the world size is {world_size}; "

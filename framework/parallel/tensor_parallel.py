@@ -1,6 +1,6 @@
 """Tensor parallelism: apply a model's plan (module name -> DTensor ParallelStyle) over the tp mesh.
 
-The plan lives beside its model (e.g. framework/models/llama_parallelize.py); this module only
+The plan lives beside its model (e.g. framework/models/llama/parallelize.py); this module only
 applies it, skipping entries for submodules a pipeline stage does not hold.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -19,9 +19,13 @@ from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import apply_activation_checkpointing, validate_activation_checkpointing
+from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
+from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
+
+if TYPE_CHECKING:
+    from framework.models.factory import ModelFactory
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 
@@ -59,6 +63,11 @@ class Strategy:
                               f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
                               f"= {t.micro_batch_size} x {dp} = {per_step}")
 
+    #: parallel dims beyond data parallelism that this strategy has (the others must stay 1)
+    model_parallel_dims: tuple[str, ...] = ()
+    #: why a precision is missing from `precisions`, added to the error
+    precision_note = ""
+
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
         """Before validation: let files the user brings (DeepSpeed's JSON) set what the user left at our
@@ -66,7 +75,7 @@ class Strategy:
 
     @classmethod
     def validate(cls, cfg, world_size: int) -> None:
-        """Cross-field rules this strategy adds; raise ConfigError."""
+        """The template every strategy runs: the shared capability checks, always, then its own `check`."""
         stage = cfg.zero.stage
         if stage not in cls.zero_support:
             raise ConfigError("zero", f"parallel={cls.name} does not do zero={ZERO_NAMES.get(stage, stage)}")
@@ -75,17 +84,23 @@ class Strategy:
                                       f"{cls.zero_support[stage]}")
         validate_precision(cfg)
         if cfg.precision.name not in cls.precisions:
+            note = f": {cls.precision_note}" if cls.precision_note else ""
             raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
-                                           f"it supports {', '.join(cls.precisions)}")
+                                           f"it supports {', '.join(cls.precisions)}{note}")
         validate_activation_checkpointing(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",
                               f"parallel={cls.name} does not support activation_checkpointing="
                               f"{cfg.activation_checkpointing.mode} yet")
         for key in ("tp", "pp"):
-            if getattr(cfg.parallel, key) != 1:
+            if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
                                                       f"(got {getattr(cfg.parallel, key)}); parallel=3d does")
+        cls.check(cfg, world_size)
+
+    @classmethod
+    def check(cls, cfg, world_size: int) -> None:
+        """Rules this strategy adds on top of the shared ones; raise ConfigError."""
 
     # ---- inside a worker ----------------------------------------------------------------
     def __init__(self, cfg):
@@ -126,7 +141,7 @@ class Strategy:
         """The one rank that logs and writes shared files."""
         return self.rank == 0
 
-    def setup(self, build_model: Callable[[], nn.Module],
+    def setup(self, build_model: "ModelFactory",
               build_optimizer: Callable[[Iterable], torch.optim.Optimizer],
               build_scheduler: Callable[[torch.optim.Optimizer], object]) -> None:
         raise NotImplementedError
@@ -172,10 +187,6 @@ class Strategy:
 
     def current_lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def flops_per_token(self, seq_len: int) -> float:
-        model = self.unwrapped_model()
-        return model.flops_per_token(seq_len) if hasattr(model, "flops_per_token") else 0.0
 
     def unwrapped_model(self) -> nn.Module:
         return self.model
@@ -244,10 +255,9 @@ class TorchStrategy(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         self.precision.backward(loss)
 
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
-        model = build_model().to(self.device)
-        apply_activation_checkpointing(model, self.cfg.activation_checkpointing,
-                                       self.cfg.activation_checkpointing.block_classes)
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
+        model = model_factory().to(self.device)
+        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         self.model = self.wrap_model(model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
@@ -307,9 +317,11 @@ class TorchStrategy(Strategy):
             total += loss.detach().float()
         return self.reduce_mean(total / n)
 
+    #: the process group over which pipeline stages sum their gradient norms (None: no pipeline)
+    stage_group = None
+
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
-        limit = max_grad_norm if max_grad_norm > 0 else float("inf")
-        return torch.nn.utils.clip_grad_norm_(self.model.parameters(), limit)
+        return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group)
 
     def optimizer_step(self, max_grad_norm: float) -> float:
         self.precision.unscale_(self.optimizer)

@@ -39,8 +39,7 @@ class DDPStrategy(TorchStrategy):
     activation_checkpointing = ("none", "full", "selective")
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
-        super().validate(cfg, world_size)
+    def check(cls, cfg, world_size: int) -> None:
         if cfg.parallel.comm_hook not in COMM_HOOKS:
             raise ConfigError("parallel.comm_hook", f"unknown hook {cfg.parallel.comm_hook!r}; "
                                                     f"use one of {', '.join(COMM_HOOKS)}")

@@ -9,48 +9,21 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Optional
 
 import torch
 
 from framework.config.errors import ConfigError
-from framework.config.schema import ParallelConfig
+from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import MODES as AC_MODES, apply_activation_checkpointing
+from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
 from framework.strategies import deepspeed_config as dsc
+from framework.strategies.deepspeed_options import DeepSpeedOptions
 from framework.strategies.base import Strategy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@dataclass
-class DeepSpeedOptions(ParallelConfig):
-    """parallel.* for DeepSpeed. Knob defaults are DeepSpeed's own (None: DeepSpeed picks per stage)."""
-    name: str = "deepspeed"
-    overlap_comm: Optional[bool] = None
-    contiguous_gradients: bool = True
-    reduce_scatter: bool = True
-    reduce_bucket_size: int = 500_000_000
-    allgather_partitions: bool = True
-    allgather_bucket_size: int = 500_000_000
-    round_robin_gradients: bool = False
-    sub_group_size: int = 1_000_000_000
-    stage3_prefetch_bucket_size: int = 50_000_000
-    stage3_param_persistence_threshold: int = 100_000
-    stage3_max_live_parameters: int = 1_000_000_000
-    stage3_max_reuse_distance: int = 1_000_000_000
-    stage3_gather_16bit_weights_on_model_save: bool = False
-    pin_memory: bool = False                # page-locked offload buffers (pays off with CUDA)
-    nvme_path: Optional[str] = None         # offload to NVMe under this directory instead of CPU memory
-    # precision=fp16: DeepSpeed's extras to precision.init_scale / growth_interval
-    hysteresis: int = 2                     # overflows tolerated before the scale backs off
-    min_loss_scale: float = 1.0
-    # DeepSpeed builds Adam(W) itself: FusedAdam / DeepSpeedCPUAdam where deepspeed's ops are prebuilt,
-    # else (CUDA) torch's Adam(W) inside DeepSpeed, as those kernels would need nvcc at run time
-    use_deepspeed_optimizer: bool = False
-    ds_config: Optional[str] = None         # an existing DeepSpeed JSON to reconcile with the run
-    overrides: Dict[str, Any] = field(default_factory=dict)   # extra DeepSpeed keys, merged last
 
 
 class DeepSpeedStrategy(Strategy):
@@ -68,8 +41,7 @@ class DeepSpeedStrategy(Strategy):
         adopt(cfg, world_size, explicit)
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
-        super().validate(cfg, world_size)
+    def check(cls, cfg, world_size: int) -> None:
         if cfg.trainer.on_nonfinite == "skip":
             raise ConfigError("trainer.on_nonfinite", "parallel=deepspeed cannot drop a step's gradients from its "
                                                       "ZeRO buffers; use abort (fp16 loss scaling skips overflowed "
@@ -124,7 +96,7 @@ class DeepSpeedStrategy(Strategy):
         self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
         self.ds_config: dict = {}
 
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         import deepspeed
         from deepspeed.utils import logger as ds_logger
         ds_logger.setLevel("WARNING")
@@ -132,10 +104,8 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:
             dsc.write(self.ds_config, self.run_dir)
-        model = build_model()
-        ac = self.cfg.activation_checkpointing
-        if ac.mode != "none":
-            apply_activation_checkpointing(model, ac, ac.block_classes)
+        model = self._build_model(model_factory)
+        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         groups = build_optimizer.param_groups(model.parameters())
         optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
@@ -143,6 +113,32 @@ class DeepSpeedStrategy(Strategy):
             lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
         self.model = self.engine
         self.dtype = DTYPES[self.cfg.precision.name]
+
+    def _build_model(self, model_factory) -> torch.nn.Module:
+        """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
+        holds the whole model; a spec that initialises by name (or initial_load) then fills each rank's
+        partitions one parameter at a time. Other models keep the init their modules ran under zero.Init."""
+        if self.cfg.zero.stage != 3:
+            return model_factory()
+        import deepspeed
+        deepspeed.init_distributed()   # zero.Init reads the world size from DeepSpeed's own comm layer
+        with returning_large_frees():
+            with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
+                model = model_factory.skeleton()
+            self._fill_partitions(model, model_factory)
+        return model
+
+    @staticmethod
+    def _fill_partitions(model, model_factory) -> None:
+        if model_factory.can_materialize or model_factory.initial_load:
+            rank = torch.distributed.get_rank()
+            with torch.no_grad():
+                for name, param in model.named_parameters():
+                    local = param.ds_tensor.view(-1)
+                    start = local.numel() * rank
+                    count = max(0, min(local.numel(), param.ds_numel - start))
+                    full = model_factory.full_parameter(name, param.ds_shape).view(-1)
+                    local[:count].copy_(full[start:start + count])
 
     def _to_device(self, batch):
         for t in batch:

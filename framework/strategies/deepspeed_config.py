@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 
 from framework.config.errors import ConfigError
 from framework.strategies.deepspeed_ops import choose_adam_kernel
+from framework.strategies.deepspeed_options import DeepSpeedOptions
 
 AUTO = "auto"
 _MISSING = object()
@@ -52,7 +53,6 @@ def has_fp16_hardware(cfg) -> bool:
 
 
 def _knob_defaults() -> dict[str, Any]:
-    from framework.strategies.deepspeed import DeepSpeedOptions
     return {f.name: f.default for f in fields(DeepSpeedOptions)}
 
 

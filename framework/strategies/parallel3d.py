@@ -20,32 +20,24 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from framework.checkpoint import hf_layout
 from framework.config.errors import ConfigError
-from framework.config.schema import ParallelConfig
-from framework.models.llama import init_weights
-from framework.models.llama_parallelize import pipeline_stage, tensor_parallel_plan
-from framework.parallel.activation_checkpointing import apply_activation_checkpointing
-from framework.parallel.fsdp import apply_fsdp, mixed_precision_policy
+from framework.models.spec import spec_for
+from framework.parallel.fsdp import mixed_precision_policy
 from framework.parallel.mesh import ParallelDims
+from framework.parallel.parallelize import ShardingPlan, parallelize
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
-from framework.parallel.tensor_parallel import apply_tensor_parallel
-from framework.precision import validate_precision
-from framework.strategies.base import TorchStrategy, ZERO_NAMES
-
-LLAMA_TARGET = "framework.models.llama.Llama"
+from framework.strategies.base import TorchStrategy
+from framework.strategies.fsdp import FSDPOptions
 
 
 @dataclass
-class Parallel3DOptions(ParallelConfig):
+class Parallel3DOptions(FSDPOptions):
+    """parallel=fsdp's options (dp degrees, wrap_classes) plus tensor and pipeline degrees."""
     name: str = "3d"
     tp: int = 2
     pp: int = 2
-    dp_shard: int = -1
     #: processes to spawn when a degree is -1 and neither torchrun nor launcher.nproc_per_node sets the world
     default_world_size: int = 8
 
@@ -61,6 +53,8 @@ class Parallel3DStrategy(TorchStrategy):
     # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16")
+    precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
+    model_parallel_dims = ("tp", "pp")
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
@@ -79,36 +73,20 @@ class Parallel3DStrategy(TorchStrategy):
         """validate() checks this strategy's batch rule: micro_batch_size is capped at a rank's share."""
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg, world_size: int) -> None:
         p, t, model = cfg.parallel, cfg.trainer, cfg.model
-        stage = cfg.zero.stage
-        if cls.zero_support.get(stage, "") is not None:
-            raise ConfigError("zero", f"parallel=3d does not do zero={ZERO_NAMES.get(stage, stage)}; "
-                                      f"{cls.zero_support.get(stage, 'use none, stage2 or stage3')}")
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
                                       "and parameters, parallel=fsdp offloads parameters")
-        if cfg.precision.name not in cls.precisions:
-            raise ConfigError("precision", f"parallel=3d supports precision={' or '.join(cls.precisions)}, not "
-                                           f"{cfg.precision.name}: fp16 loss scaling cannot reach into the pipeline "
-                                           f"schedule's backward; bf16 needs no scaling")
-        validate_precision(cfg)
-        if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
-            raise ConfigError("activation_checkpointing",
-                              f"unknown mode {cfg.activation_checkpointing.mode!r}")
-        if model.get("_target_") != LLAMA_TARGET:
-            raise ConfigError("model._target_", f"parallel=3d has a tensor-parallel plan and pipeline split for "
-                                                f"{LLAMA_TARGET} only, not {model.get('_target_')}")
         if p.default_world_size <= 0:
             raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
         dims = ParallelDims.from_config(p, world_size)
-        kv_heads = model.n_kv_heads or model.n_heads
-        for key, heads in (("model.n_heads", model.n_heads), ("model.n_kv_heads", kv_heads)):
-            if heads % dims.tp:
-                raise ConfigError(key, f"{heads} attention heads do not divide among parallel.tp={dims.tp} ranks")
-        if model.tie_embeddings and (dims.tp > 1 or dims.pp > 1):
-            raise ConfigError("model.tie_embeddings", "tied embeddings cannot be split across tensor or pipeline "
-                                                      "ranks; set it false for parallel=3d with tp or pp > 1")
+        spec = spec_for(model)
+        spec.validate_layout(cfg, dims.tp, dims.pp)
+        if not spec.init_by_name:
+            raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
+                                                f"rank's shards by parameter name; {model._target_} (model spec "
+                                                f"{spec.name}) has no per-name init")
         if p.sequence_parallel and cfg.data.seq_len % dims.tp:
             raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
                                               f"parallel.tp={dims.tp} ranks: not divisible")
@@ -122,7 +100,7 @@ class Parallel3DStrategy(TorchStrategy):
                                                           f"{dims.dp}); use at most {share}")
         if dims.pp > 1:
             microbatches = cls.pipeline_microbatches(cfg, dims)
-            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, model.n_layers, microbatches)
+            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
             if share % microbatches:
                 raise ConfigError("parallel.pp_microbatches", f"a data-parallel rank's {share} sequences "
                                                               f"({t.global_batch_size} / dp {dims.dp}) do not split "
@@ -141,28 +119,26 @@ class Parallel3DStrategy(TorchStrategy):
         return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
 
     # ---- inside a worker ----------------------------------------------------------------
-    def setup(self, build_model, build_optimizer, build_scheduler) -> None:
+    def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         cfg = self.cfg
+        self.spec = model_factory.spec
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         # zero=none: all data-parallel ranks replicate; the flattened data rank is the same either way.
         mesh_dims = self.dims.replicate_only() if cfg.zero.stage == 0 else self.dims
         self.mesh = mesh_dims.build_mesh(self.device.type)
         self.pp_rank = self.mesh.pp.get_local_rank()
 
-        with torch.device("meta"):
-            full = build_model()
         if self.dims.pp > 1:
             schedule = schedule_class(cfg.parallel.pp_schedule)
             self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages, schedule)
             self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
-            modules = [pipeline_stage(full, i, self.num_stages) for i in self.stage_ids]
         else:
-            self.stage_ids, self.num_stages, modules = [0], 1, [full]
-        for module in modules:
-            self._parallelize(module, mesh_dims)
-            self._materialize(module)
+            self.stage_ids, self.num_stages = [0], 1
+        modules = parallelize(model_factory, self.mesh, cfg, self.device, self.sharding(mesh_dims), tuple(self.stage_ids),
+                              self.num_stages)
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+        self.stage_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
 
         self.schedule = None
         if self.dims.pp > 1:
@@ -173,36 +149,11 @@ class Parallel3DStrategy(TorchStrategy):
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 
-    def _parallelize(self, module: nn.Module, mesh_dims: ParallelDims) -> None:
+    def sharding(self, mesh_dims: ParallelDims) -> ShardingPlan:
+        """FSDP2 over the data-parallel dims, with the same mixed-precision policy as parallel=fsdp."""
         cfg = self.cfg
-        apply_tensor_parallel(module, self.mesh.tp,
-                              tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
-        ac = cfg.activation_checkpointing
-        block_classes = tuple(ac.get("block_classes") or ())
-        if ac.mode != "none":
-            apply_activation_checkpointing(module, ac, block_classes)
-        if mesh_dims.dp > 1:
-            apply_fsdp(module, self.mesh.fsdp, reshard_after_forward=cfg.zero.stage == 3,
-                       mp_policy=mixed_precision_policy(cfg.precision), block_classes=block_classes)
-
-    @torch.no_grad()
-    def _materialize(self, module: nn.Module) -> None:
-        """Allocate this rank's shards and fill each with its slice of the seeded (or initial_load) full parameter."""
-        module.to_empty(device=self.device)
-        initial = self.cfg.checkpoint.initial_load
-        weights = hf_layout.HFWeights(initial, module.args) if initial else None
-        for name, param in module.named_parameters():
-            if weights is not None:
-                full = weights.full(name)
-            else:
-                full = torch.empty(param.shape, dtype=torch.float32)
-                init_weights(_OneParameter(module.args, name, full), self.cfg.seed)
-            if isinstance(param, DTensor):
-                shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
-                                                                      param.placements)
-                full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-                param = param.to_local()
-            param.copy_(full)
+        return ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
+                            mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
@@ -234,7 +185,7 @@ class Parallel3DStrategy(TorchStrategy):
         return self.stages[0]
 
     def checkpoint_model(self) -> nn.Module:
-        return self.stages[0] if len(self.stages) == 1 else merged_stages(self.stages)
+        return self.stages[0] if len(self.stages) == 1 else self.spec.merge_stages(self.stages)
 
     # ---- step ---------------------------------------------------------------------------
     def accumulation_context(self, is_last: bool):
@@ -275,49 +226,3 @@ class Parallel3DStrategy(TorchStrategy):
         total = local.detach().clone()
         dist.all_reduce(total)
         return total / (self.dims.dp * self.dims.tp)
-
-    def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
-        """Norm over all parameters of the model: sharded pieces (tp, dp) by DTensor, stages (pp) summed."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        groups: dict = {}
-        for g in grads:
-            key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
-            groups.setdefault(key, []).append(g)
-        squares = torch.zeros((), dtype=torch.float32, device=self.device)
-        for group in groups.values():
-            norm = torch.nn.utils.get_total_norm(group)
-            if isinstance(norm, DTensor):
-                norm = norm.full_tensor()
-            squares += norm.float() ** 2
-        if self.dims.pp > 1:
-            dist.all_reduce(squares, group=self.mesh.pp.get_group())
-        total = squares.sqrt()
-        if max_grad_norm > 0:
-            coef = float(torch.clamp(max_grad_norm / (total + 1e-6), max=1.0))
-            for g in grads:
-                g.mul_(coef)
-        return total
-
-
-def merged_stages(stages: list[nn.Module]) -> nn.Module:
-    """One module over this rank's pipeline stages whose parameter names are the full model's
-    (a ModuleList would prefix them with the stage's index)."""
-    merged = nn.Module()
-    merged.layers = nn.ModuleDict()
-    for stage in stages:
-        for key, layer in stage.layers.items():
-            merged.layers[key] = layer
-        for attr in ("tok_embeddings", "norm", "output"):
-            if getattr(stage, attr, None) is not None:
-                setattr(merged, attr, getattr(stage, attr))
-    return merged
-
-
-class _OneParameter:
-    """What init_weights needs to fill one full-size parameter by name: the model args and the tensor."""
-
-    def __init__(self, args, name: str, tensor: torch.Tensor):
-        self.args, self._named = args, (name, tensor)
-
-    def named_parameters(self):
-        yield self._named

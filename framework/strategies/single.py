@@ -13,8 +13,7 @@ class SingleDeviceStrategy(TorchStrategy):
                     3: "sharding needs several ranks: use parallel=fsdp or deepspeed"}
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
-        super().validate(cfg, world_size)
+    def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
             from framework.config.errors import ConfigError
             raise ConfigError("launcher.nproc_per_node",

@@ -18,7 +18,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
 
-from framework.models.llama import Llama
+from framework.models.llama.model import Llama
 
 
 def tensor_parallel_plan(model: Llama, sequence_parallel: bool) -> dict[str, ParallelStyle]:

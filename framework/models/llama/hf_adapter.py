@@ -7,16 +7,14 @@ HF's convert_llama_weights_to_hf.py does.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import torch
 from safetensors import safe_open
 
-from framework.models.llama import LlamaArgs
-
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
+from framework.models.hf_files import WEIGHTS, LayoutError, read_config
+from framework.models.llama.model import LlamaArgs
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -34,13 +32,11 @@ _TOP_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight
               "output.weight": "lm_head.weight"}
 
 
-class LayoutError(ValueError):
-    """Weights that are not our Llama's (an unknown name or a wrong shape)."""
-
-
 def llama_args(model_cfg) -> LlamaArgs:
-    """LlamaArgs from a model config section (a dict or DictConfig with _target_)."""
-    return LlamaArgs(**{k: v for k, v in dict(model_cfg).items() if k != "_target_"})
+    """LlamaArgs from a model config section (a dict or DictConfig with _target_; keys of a subclass's
+    own, such as a test model's fault switches, are not shapes and are left out)."""
+    fields = LlamaArgs.__dataclass_fields__
+    return LlamaArgs(**{k: v for k, v in dict(model_cfg).items() if k in fields})
 
 
 def hf_name(name: str, args: LlamaArgs) -> str:
@@ -128,9 +124,7 @@ SHAPE_KEYS = {
 }
 
 
-def read_hf_config(path: str) -> dict:
-    with open(os.path.join(path, CONFIG)) as f:
-        return json.load(f)
+read_hf_config = read_config
 
 
 def config_mismatches(hf: dict, args: LlamaArgs) -> list[tuple[str, str, object, object]]:

@@ -60,6 +60,10 @@ class LlamaArgs:
             n -= emb
         return n
 
+    def flops_per_token(self, seq_len: int) -> float:
+        """6N + 12*L*H*Q*T (the PaLM / nanoGPT estimate), N without the embedding lookup."""
+        return 6 * self.num_params(include_embedding=False) + 12 * self.n_layers * self.n_heads * self.head_dim * seq_len
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -157,9 +161,7 @@ class Llama(nn.Module):
         return (TransformerBlock,)
 
     def flops_per_token(self, seq_len: int) -> float:
-        """6N + 12*L*H*Q*T (the PaLM / nanoGPT estimate), N without the embedding lookup."""
-        a = self.args
-        return 6 * a.num_params(include_embedding=False) + 12 * a.n_layers * a.n_heads * a.head_dim * seq_len
+        return self.args.flops_per_token(seq_len)
 
 
 def param_seed(seed: int, name: str) -> int:
@@ -168,20 +170,31 @@ def param_seed(seed: int, name: str) -> int:
 
 
 @torch.no_grad()
+def init_parameter(tensor: torch.Tensor, name: str, seed: int, n_layers: int, std: float = 0.02) -> None:
+    """Fill one full-size parameter from (seed, name) alone, so a rank can fill a shard without the rest.
+
+    Norm weights start at one; output projections (wo, w2) are scaled down with depth as in GPT-2."""
+    if name.endswith("norm.weight"):
+        tensor.fill_(1.0)
+        return
+    scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
+    gen = torch.Generator().manual_seed(param_seed(seed, name))
+    if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous() \
+            and not tensor.requires_grad:
+        torch.randn(tensor.shape, generator=gen, out=tensor).mul_(scale)   # no full-size temporary
+    else:
+        tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale)
+
+
+@torch.no_grad()
 def init_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
     """Initialise every parameter from a generator seeded by (seed, parameter name).
 
     Layout independence: a parameter's values depend only on the seed and its name, never
-    on which other parameters a rank holds or in which order they are created. Norm
-    weights start at one; output projections (wo, w2) are scaled down with depth as in GPT-2.
+    on which other parameters a rank holds or in which order they are created.
     """
     n_layers = max(1, len(getattr(model, "layers", [])) or 1)
     if hasattr(model, "args"):
         n_layers, std = model.args.n_layers, model.args.init_std
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.fill_(1.0)
-            continue
-        scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
-        gen = torch.Generator().manual_seed(param_seed(seed, name))
-        p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * scale)
+        init_parameter(p, name, seed, n_layers, std)

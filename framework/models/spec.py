@@ -1,0 +1,194 @@
+"""A model spec: everything the rest of the framework may know about a model family.
+
+Generic code (trainer, strategies, checkpoints, export, validation) asks the spec of `model._target_`
+and never names a model class. A spec supplies: build (under whatever device context the caller sets,
+meta included), per-parameter init from (seed, name) so a rank can fill one shard alone, the
+tensor-parallel plan, the pipeline split, the block classes (activation checkpointing and FSDP units),
+FLOPs per token, a parameter count from shapes alone, and a state-dict adapter to and from the
+Hugging Face layout.
+
+Adding a family: a spec module with a `SPEC` object (a ModelSpec subclass instance) and one line in
+SPECS below. A `_target_` the registry does not know (any nn.Module mapping token ids to logits) gets
+GENERIC: built on every rank from torch's global seed, no tensor or pipeline parallelism.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from framework.config.errors import ConfigError
+
+#: family name -> "module:attribute" of its spec; imported only when a model of the family is used
+SPECS: dict[str, str] = {
+    "llama": "framework.models.llama.spec:SPEC",
+}
+
+
+def model_dict(model_cfg) -> dict:
+    """The model config section as a plain dict (keeps _target_)."""
+    if isinstance(model_cfg, DictConfig):
+        return OmegaConf.to_container(model_cfg, resolve=True)
+    return dict(model_cfg)
+
+
+def model_kwargs(model_cfg) -> dict:
+    return {k: v for k, v in model_dict(model_cfg).items() if k != "_target_"}
+
+
+class ModelSpec:
+    """The defaults are those of a model the framework knows nothing about; families override them."""
+    name = "generic"
+    #: True where init_parameter fills any parameter from (seed, name): sharded layouts then build on
+    #: the meta device and each rank materialises only its own shards
+    init_by_name = False
+
+    def config_schema(self) -> Optional[type]:
+        """The dataclass that types `model.*` (stored as schema/model/<name> for the yaml files)."""
+        return None
+
+    def model_class(self) -> Optional[type]:
+        """The nn.Module class this spec describes (subclasses match too); None for GENERIC."""
+        return None
+
+    # ---- build and init ---------------------------------------------------------------------
+    def build(self, model_cfg) -> nn.Module:
+        """The full model, created under the caller's device context (torch.device("meta") included)."""
+        return instantiate(model_dict(model_cfg), _convert_="all")
+
+    def init_parameter(self, model_cfg, name: str, tensor: torch.Tensor, seed: int) -> None:
+        """Fill the full-size parameter `name` in place from (seed, name)."""
+        raise NotImplementedError(f"{self.name} models are initialised by torch's global seed, not by name")
+
+    @torch.no_grad()
+    def init_weights(self, model: nn.Module, model_cfg, seed: int) -> None:
+        """Seeded init of a built (unsharded) model; a no-op where torch's seeded init at build is the init."""
+        if self.init_by_name:
+            for name, p in model.named_parameters():
+                self.init_parameter(model_cfg, name, p, seed)
+
+    # ---- parallel plans -----------------------------------------------------------------------
+    def tensor_parallel_plan(self, model: nn.Module, sequence_parallel: bool) -> Optional[dict]:
+        """Module name -> DTensor ParallelStyle for the modules `model` (perhaps one stage) holds; None: no TP."""
+        return None
+
+    supports_pipeline = False
+
+    def num_layers(self, model_cfg) -> int:
+        """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""
+        raise NotImplementedError
+
+    def pipeline_stage(self, model: nn.Module, stage_index: int, num_stages: int) -> nn.Module:
+        """A copy of `model` holding only that stage's part, under the full model's parameter names."""
+        raise NotImplementedError(f"{self.name} models have no pipeline split")
+
+    def merge_stages(self, stages: list[nn.Module]) -> nn.Module:
+        """One module over a rank's stages with the full model's parameter names (for state dicts):
+        top-level children are taken from the stage holding them, ModuleDicts of blocks are merged."""
+        merged = nn.Module()
+        for stage in stages:
+            for child_name, child in stage.named_children():
+                if isinstance(child, nn.ModuleDict):
+                    if not hasattr(merged, child_name):
+                        setattr(merged, child_name, nn.ModuleDict())
+                    getattr(merged, child_name).update(child)
+                else:
+                    setattr(merged, child_name, child)
+        return merged
+
+    def block_classes(self, model: nn.Module) -> tuple[type, ...]:
+        """The repeated blocks: FSDP units and what activation checkpointing recomputes."""
+        own = getattr(model, "block_classes", None)
+        return tuple(own()) if callable(own) else ()
+
+    def has_blocks(self, model_cfg) -> bool:
+        """Whether block_classes is known before the model is built (validation)."""
+        return callable(getattr(get_class(model_dict(model_cfg)["_target_"]), "block_classes", None))
+
+    # ---- sizes --------------------------------------------------------------------------------
+    def num_params(self, model_cfg) -> int:
+        """From the shapes alone: the model is built on the meta device (no memory, no init)."""
+        with torch.device("meta"):
+            model = self.build(model_cfg)
+        return sum(p.numel() for p in model.parameters())
+
+    def flops_per_token(self, model_cfg, seq_len: int) -> float:
+        """Training FLOPs per token; 6N for a model whose attention cost is unknown."""
+        return 6.0 * self.num_params(model_cfg)
+
+    # ---- checks (launching process, before any worker) ----------------------------------------
+    def validate(self, cfg) -> None:
+        """Rules on cfg.model and how it meets the data; raise ConfigError."""
+
+    def validate_layout(self, cfg, tp: int, pp: int) -> None:
+        """Whether this model can be split tp ways (tensor) and pp ways (pipeline)."""
+        target = model_dict(cfg.model)["_target_"]
+        if tp > 1:
+            raise ConfigError("parallel.tp", f"{target} has no tensor-parallel plan (model spec {self.name}); "
+                                             f"use parallel.tp=1 or a model with one (llama, gpt2)")
+        if pp > 1 and not self.supports_pipeline:
+            raise ConfigError("parallel.pp", f"{target} has no pipeline split (model spec {self.name}); "
+                                             f"use parallel.pp=1 or a model with one (llama, gpt2)")
+
+    # ---- Hugging Face layout ------------------------------------------------------------------
+    has_hf_layout = False
+    #: config.json's model_type of the Hugging Face models this family reads and writes
+    hf_model_type: Optional[str] = None
+
+    def model_cfg_from_hf(self, hf_config: dict) -> dict:
+        """The model config (with _target_) whose shapes match an HF config.json (generation from an export)."""
+        raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def context_length(self, model_cfg) -> Optional[int]:
+        """The longest sequence the model takes (None: no limit known)."""
+        return model_dict(model_cfg).get("max_seq_len")
+
+    def hf_config(self, model_cfg) -> dict:
+        """config.json of the Hugging Face model these weights load into."""
+        raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def to_hf(self, state: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
+        """A full fp32 state dict in our names -> HF names and layout (contiguous, for save_file)."""
+        raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def hf_mismatches(self, hf_config: dict, model_cfg) -> list[tuple[str, str, Any, Any]]:
+        """(config.json key, model key, theirs, ours) for each shape-relevant difference."""
+        raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def hf_weights(self, path: str, model_cfg):
+        """A reader of an HF-layout dir: .full(our name) -> fp32 tensor, .shape_errors() -> [str]."""
+        raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+
+GENERIC = ModelSpec()
+
+
+def spec_named(name: str) -> ModelSpec:
+    if name not in SPECS:
+        raise ConfigError("model", f"no model spec named {name!r}; registered: {', '.join(SPECS)}")
+    module, attr = SPECS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def spec_for_hf(hf_config: dict) -> ModelSpec:
+    """The spec whose Hugging Face model_type is config.json's."""
+    for name in SPECS:
+        spec = spec_named(name)
+        if spec.hf_model_type and spec.hf_model_type == hf_config.get("model_type"):
+            return spec
+    raise ConfigError("model", f"no model spec reads Hugging Face model_type={hf_config.get('model_type')!r}")
+
+
+def spec_for(model_cfg) -> ModelSpec:
+    """The spec whose model class is `model._target_` or one of its bases; GENERIC if none is."""
+    cls = get_class(model_dict(model_cfg)["_target_"])
+    for name in SPECS:
+        spec = spec_named(name)
+        own = spec.model_class()
+        if own is not None and isinstance(cls, type) and issubclass(cls, own):
+            return spec
+    return GENERIC

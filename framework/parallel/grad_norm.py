@@ -1,0 +1,38 @@
+"""One gradient-norm clipping for every torch-native layout: plain tensors, DTensor shards (tp, dp)
+and pipeline stages held by other ranks."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device,
+                    stage_group: Optional[ProcessGroup] = None) -> torch.Tensor:
+    """The 2-norm over the whole model's gradients; scale them to at most max_norm (0 = measure only).
+
+    DTensor gradients are grouped by (mesh, placements): get_total_norm over one group gives a DTensor
+    whose full_tensor() reduces the shards. stage_group sums the squares of the other pipeline stages."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    groups: dict = {}
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares += norm.float().to(device) ** 2   # offloaded shards' norm is on the CPU
+    if stage_group is not None:
+        dist.all_reduce(squares, group=stage_group)
+    total = squares.sqrt()
+    if max_norm > 0:
+        coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        for g in grads:
+            g.mul_(coef)
+    return total

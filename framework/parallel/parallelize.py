@@ -1,0 +1,58 @@
+"""The one parallelize path of the torch-native sharded layouts (parallel=fsdp is parallel=3d with tp = pp = 1).
+
+Order, as torch's composable APIs expect: pipeline split -> tensor parallel -> activation checkpointing
+-> (compile: the slot is here) -> FSDP2 over the data-parallel dims -> materialise. Where the model
+spec can fill a parameter from (seed, name), the model is built on the meta device and every rank
+allocates only its own shards; otherwise (a model the framework knows nothing about) it is built in
+full on every rank from torch's seed and then sharded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from framework.host_memory import returning_large_frees
+from framework.models.factory import ModelFactory
+from framework.parallel.activation_checkpointing import checkpoint_activations
+from framework.parallel.fsdp import apply_fsdp
+from framework.parallel.mesh import Meshes
+from framework.parallel.tensor_parallel import apply_tensor_parallel
+
+
+@dataclass
+class ShardingPlan:
+    """How the data-parallel dims shard (or replicate) each stage."""
+    enabled: bool                               #: apply FSDP2 at all
+    reshard_after_forward: bool = True          #: zero=stage3 (True) or stage2 (False)
+    mp_policy: Optional[MixedPrecisionPolicy] = None
+    offload: bool = False
+    wrap_classes: list = field(default_factory=list)   #: FSDP units; empty = the spec's blocks
+
+
+def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.device, sharding: ShardingPlan,
+                stage_ids: tuple[int, ...] = (0,), num_stages: int = 1) -> list[nn.Module]:
+    """This rank's stage modules, split, sharded and filled with their initial weights."""
+    spec = model_factory.spec
+    on_meta = model_factory.can_materialize
+    full = model_factory.meta() if on_meta else model_factory().to(device)
+    if num_stages > 1:
+        modules = [spec.pipeline_stage(full, i, num_stages) for i in stage_ids]
+    else:
+        modules = [full]
+    for module in modules:
+        if meshes.tp.size() > 1:
+            apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
+        checkpoint_activations(module, cfg.activation_checkpointing, spec)
+        if sharding.enabled:
+            apply_fsdp(module, meshes.fsdp, reshard_after_forward=sharding.reshard_after_forward,
+                       mp_policy=sharding.mp_policy, offload=sharding.offload,
+                       block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
+        if on_meta:
+            # Offloaded shards live in CPU memory; FSDP2 moves them to the device per use.
+            with returning_large_frees():
+                model_factory.materialize(module, torch.device("cpu") if sharding.offload else device)
+    return modules
