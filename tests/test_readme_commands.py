@@ -1,7 +1,10 @@
 """Every `python -m framework ...` line in README.md's code blocks runs as written, from a directory
-other than the checkout, shortened to 2 steps. Lines that need a GPU, torchrun or a file of the user's
+other than the checkout, shortened to 2 steps, and ends with a finite loss and validation loss (the
+mission's `parallel=3d zero=stage3` included: 8 workers, tp 2 x pp 2 x dp_shard 2). Lines that need a GPU, torchrun or a file of the user's
 (data.path, checkpoint.initial_load, ...) or a SLURM cluster are left out (the SLURM line is checked against a
 fake sbatch in test_submitit). Slow-ish: several are multi-process."""
+import json
+import math
 import os
 import re
 import shlex
@@ -42,4 +45,9 @@ def test_readme_command_runs(tmp_path, command):
     proc = run_in_own_session([sys.executable, "-m", "framework", *args, *SHORTEN], cwd=tmp_path, env=env,
                               timeout=1200)
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    assert list((tmp_path / "outputs").rglob("metrics.jsonl")), "no run dir under the working directory"
+    runs = list((tmp_path / "outputs").rglob("metrics.jsonl"))
+    assert runs, "no run dir under the working directory"
+    for metrics in runs:
+        last = json.loads(metrics.read_text().splitlines()[-1])
+        # the default evaluates at the last step: through the pipeline too, for parallel=3d
+        assert last["step"] == 2 and math.isfinite(last["loss"]) and math.isfinite(last["val_loss"]), (command, last)
