@@ -39,7 +39,12 @@ class TiedAcrossStages:
     @torch.no_grad()
     def sum_grads(self) -> None:
         for pair, shape in zip(self.pairs, self.shapes):
-            grads = [_local(p.grad) for p in self._copies(pair) if p.grad is not None]
+            copies = [p for p in self._copies(pair) if p.grad is not None]
+            for p in copies:
+                # a sharded embedding's gradient may come back in another layout (e.g. replicated)
+                if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+            grads = [_local(p.grad) for p in copies]
             total = torch.zeros(shape, dtype=torch.float32, device=self.device)
             for g in grads:
                 total += g.to(total.device, torch.float32)
