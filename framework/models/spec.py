@@ -27,6 +27,7 @@ from framework.config.errors import ConfigError
 SPECS: dict[str, str] = {
     "llama": "framework.models.llama.spec:SPEC",
     "gpt2": "framework.models.gpt2.spec:SPEC",
+    "hf": "framework.models.hf.spec:SPEC",
 }
 
 
