@@ -44,6 +44,11 @@ def saved(tmp_path_factory):
     return out
 
 
+# Llama from its saved weights; GPT-2 from its config.json alone: a fresh init from the seed, which must
+# be the same under every layout (the plain loop below makes it with the seed too).
+SOURCE = {"llama": lambda d: f"model.pretrained={d}", "gpt2": lambda d: f"model.config={d / 'config.json'}"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, saved):
     root, done = tmp_path_factory.mktemp("hf_runs"), {}
@@ -51,19 +56,24 @@ def runs(tmp_path_factory, saved):
     def get(arch: str, layout: str) -> Path:
         if (arch, layout) not in done:
             run_dir = root / f"{arch}_{layout}"
-            check_ok(run_framework([*BASE, f"model.pretrained={saved[arch]}", *LAYOUTS[layout]], run_dir))
+            check_ok(run_framework([*BASE, SOURCE[arch](saved[arch]), *LAYOUTS[layout]], run_dir))
             done[arch, layout] = run_dir
         return done[arch, layout]
     return get
 
 
-def plain_transformers_losses(model_dir: Path, run_dir: Path) -> list[float]:
-    """What a user's own loop gives: from_pretrained, AdamW (decay on matrices only), clip 1.0, the same
-    global batches the framework drew (its sampler, read here in one process)."""
+def plain_transformers_losses(model_dir: Path, run_dir: Path, fresh: bool) -> list[float]:
+    """What a user's own loop gives: from_pretrained (or from_config after seeding torch), AdamW (decay on
+    matrices only), clip 1.0, the same global batches the framework drew (its sampler, in one process)."""
     from omegaconf import OmegaConf
     cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml") if (run_dir / ".hydra").exists() else None
     cfg = cfg or OmegaConf.load(next(run_dir.glob("checkpoints/*/config.yaml")))
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    if fresh:
+        torch.manual_seed(cfg.seed)
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(model_dir / "config.json"), dtype=torch.float32).train()
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
     params = [p for p in model.parameters() if p.requires_grad]
     o = cfg.optimizer
     opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
@@ -89,7 +99,7 @@ def plain(runs, saved):
 
     def get(arch: str) -> list[float]:
         if arch not in done:
-            done[arch] = plain_transformers_losses(saved[arch], runs(arch, "single"))
+            done[arch] = plain_transformers_losses(saved[arch], runs(arch, "single"), fresh=arch == "gpt2")
         return done[arch]
     return get
 
