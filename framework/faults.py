@@ -5,7 +5,7 @@ FRAMEWORK_FAULT is a comma-separated list of
 Points: `startup` (process group up, before the first step; step = the step it resumes from), `step`
 (after forward/backward of that step, before the optimizer step), `eval`, `save` (half-way through
 writing that step's checkpoint). Without rank=, attempt= or world= it fires on every rank, every restart
-attempt, every world size (world= tells a group before an elastic resize from the one after it). Actions: `kill` (SIGKILL itself, the default) or `hang` (sleep forever: a stalled rank).
+attempt, every world size (world= tells a group before an elastic resize from the one after it). Actions: `kill` (SIGKILL itself, the default) or `hang` (sleep until SIGTERM: a stalled rank).
 Unset, `inject` is a dictionary lookup and nothing else.
 """
 from __future__ import annotations
@@ -39,6 +39,10 @@ def inject(point: str, step: int) -> None:
         if ((f["point"], f["step"]) == (point, step) and f["rank"] in (None, rank) and f["attempt"] in (None, attempt)
                 and f["world"] in (None, world)):
             if f["do"] == "hang":
+                # Hung in Python, not in a collective: the agent's SIGTERM (it stops the group) ends it at
+                # once instead of after the agent's 30 s grace, and the preemption handler must not
+                # wait for a step that never ends.
+                signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
                 while True:
                     time.sleep(3600)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from framework import faults
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
+from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
+from framework.metrics.profile import StepProfiler
 from framework.metrics.samples import TextSampler
 from framework.metrics.summary import run_summary
 from framework.models.factory import ModelFactory
@@ -85,22 +87,30 @@ class Trainer:
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
+        profiler = StepProfiler(t.profile, self.run_dir, s.rank, s.device)
+        prefetch = BatchPrefetcher(lambda step: self._local_micro_batches(self.train_data, step))
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
+                profiler.before_step(self.step + 1)
                 start = time.perf_counter()
-                loss = float(s.forward_backward(self._local_micro_batches(self.train_data, self.step), cross_entropy))
-                faults.inject("step", self.step + 1)
-                lr = s.current_lr()
-                if math.isfinite(loss):
-                    grad_norm = s.optimizer_step(t.grad_clip)
-                elif t.on_nonfinite == "skip":
-                    s.discard_gradients()
-                    grad_norm = float("nan")
-                else:
-                    raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; "
-                                             f"trainer.on_nonfinite=skip would skip such steps")
+                with profiler.step_context(self.step + 1):
+                    batches = prefetch.get(self.step)
+                    data_time = time.perf_counter() - start
+                    loss = float(s.forward_backward(batches, cross_entropy))
+                    faults.inject("step", self.step + 1)
+                    lr = s.current_lr()
+                    if math.isfinite(loss):
+                        grad_norm = s.optimizer_step(t.grad_clip)
+                    elif t.on_nonfinite == "skip":
+                        s.discard_gradients()
+                        grad_norm = float("nan")
+                    else:
+                        raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; "
+                                                 f"trainer.on_nonfinite=skip would skip such steps")
                 elapsed = time.perf_counter() - start
+                profiler.after_step(self.step + 1)
+                prefetch.observe(data_time, elapsed)
                 self.step += 1
                 logger.advance()
                 is_last = self.step == last_step
@@ -111,6 +121,7 @@ class Trainer:
                     record = {
                         "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                         "tokens_per_sec": tokens_per_sec, "world_size": s.world_size,
+                        "step_time": elapsed, "data_time": data_time,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
                         **memory.read(),
                         **s.memory_breakdown(),
@@ -136,6 +147,8 @@ class Trainer:
                     raise Preempted(self.step, preemption.received, preemption.signum)
             checkpoints.finish()
         finally:
+            prefetch.close()
+            profiler.close()
             watchdog.stop()
             preemption.close()
             logger.close()

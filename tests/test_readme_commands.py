@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import REPO, run_in_own_session
 
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
-NEEDS_USER_FILES = ("data.path", "initial_load", "checkpoint.resume=", "outputs/")
+NEEDS_USER_FILES = ("data.path", "initial_load", "checkpoint.resume=", "outputs/", "model.pretrained=")
 NEEDS_A_CLUSTER = ("hydra/launcher=slurm",)
 
 

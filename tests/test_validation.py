@@ -24,6 +24,8 @@ SHORT.write_bytes(b"x" * 100)
 
 # (overrides, text the first error line must contain)
 CASES = [
+    (["trainer.profile.steps=[3,2]"], "trainer.profile.steps"),
+    (["model=gpt2_tiny", "parallel=3d", "parallel.tp=2", "parallel.sequence_parallel=true"], "position embeddings"),
     (["parallel=ddp", "zero=stage3"], "zero: parallel=ddp does not do zero=stage3; parameter sharding is done by parallel=fsdp"),
     (["parallel=ddp", "zero=stage2"], "zero: parallel=ddp does not do zero=stage2"),
     (["zero=stage1"], "zero: parallel=single does not do zero=stage1"),

@@ -110,6 +110,12 @@ class DataConfig:
 
 
 @dataclass
+class ProfileConfig:
+    steps: list[int] = field(default_factory=list)   # [first, last] step to trace (1-based); empty = off
+    memory_snapshot: bool = False       # CUDA: also record the allocator history over those steps
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 200
     global_batch_size: int = 16
@@ -129,6 +135,7 @@ class TrainerConfig:
     # before its peers' collectives time out. 0 = off.
     stall_timeout_s: float = 900.0
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass

@@ -158,6 +158,12 @@ def validate_data_contents(cfg) -> None:
                                                     f"sequence; raise data.val_fraction or set trainer.eval_every=0")
 
 
+def validate_profile(cfg) -> None:
+    steps = list(cfg.trainer.profile.steps or [])
+    if steps and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
+        raise ConfigError("trainer.profile.steps", f"give [first, last] with 1 <= first <= last, got {steps}")
+
+
 def validate_sampling(cfg) -> None:
     t = cfg.trainer
     if t.sample_every < 0 or t.sample_tokens <= 0:
@@ -280,6 +286,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
                           f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
     validate_data_files(cfg)
     validate_sampling(cfg)
+    validate_profile(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out_dir}: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
+    print(f"wrote {args.out_dir}: {config['architectures'][0]} (model_type {config['model_type']}), "
           f"vocab {config['vocab_size']}")
     return 0
 

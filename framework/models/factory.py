@@ -56,7 +56,9 @@ class ModelFactory:
         return self._hf_weights
 
     def full_parameter(self, name: str, shape) -> torch.Tensor:
-        """The full fp32 initial value of parameter `name`: loaded from initial_load, else seeded by name."""
+        """The full fp32 initial value of parameter `name`: loaded from initial_load, else seeded by name
+        (a tied parameter's copy on another pipeline stage takes the canonical name's value)."""
+        name = dict((alias, canonical) for canonical, alias in self.spec.tied_parameters(self.model_cfg)).get(name, name)
         if self.initial_load:
             return self._weights().full(name)
         full = torch.empty(tuple(shape), dtype=torch.float32)

@@ -26,6 +26,8 @@ from framework.config.errors import ConfigError
 #: family name -> "module:attribute" of its spec; imported only when a model of the family is used
 SPECS: dict[str, str] = {
     "llama": "framework.models.llama.spec:SPEC",
+    "gpt2": "framework.models.gpt2.spec:SPEC",
+    "hf": "framework.models.hf.spec:SPEC",
 }
 
 
@@ -70,6 +72,13 @@ class ModelSpec:
         if self.init_by_name:
             for name, p in model.named_parameters():
                 self.init_parameter(model_cfg, name, p, seed)
+
+    def tied_parameters(self, model_cfg) -> tuple[tuple[str, str], ...]:
+        """(canonical, alias) names of one parameter used in two places, e.g. an output head tied to the
+        embedding. Split across pipeline stages, the alias becomes its own copy, initialised (and loaded)
+        as the canonical and kept equal to it by summing their gradients; tensor parallelism re-ties them
+        after sharding."""
+        return ()
 
     # ---- parallel plans -----------------------------------------------------------------------
     def tensor_parallel_plan(self, model: nn.Module, sequence_parallel: bool) -> Optional[dict]:

@@ -12,14 +12,17 @@ from torch.distributed.tensor import DTensor
 
 @torch.no_grad()
 def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float, device: torch.device,
-                    stage_group: Optional[ProcessGroup] = None) -> torch.Tensor:
+                    stage_group: Optional[ProcessGroup] = None,
+                    counted: Optional[Iterable[torch.nn.Parameter]] = None) -> torch.Tensor:
     """The 2-norm over the whole model's gradients; scale them to at most max_norm (0 = measure only).
 
     DTensor gradients are grouped by (mesh, placements): get_total_norm over one group gives a DTensor
-    whose full_tensor() reduces the shards. stage_group sums the squares of the other pipeline stages."""
+    whose full_tensor() reduces the shards. stage_group sums the squares of the other pipeline stages.
+    counted: the parameters the norm is taken over when not all of them (a tied parameter's second copy
+    is left out of the norm but scaled like the rest)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     groups: dict = {}
-    for g in grads:
+    for g in grads if counted is None else [p.grad for p in counted if p.grad is not None]:
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
     squares = torch.zeros((), dtype=torch.float32, device=device)

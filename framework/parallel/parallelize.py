@@ -21,6 +21,7 @@ from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
+from framework.parallel.tied import retie
 
 
 @dataclass
@@ -46,6 +47,7 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
     for module in modules:
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
+            retie(module, spec.tied_parameters(cfg.model))
         checkpoint_activations(module, cfg.activation_checkpointing, spec)
         if sharding.enabled:
             apply_fsdp(module, meshes.fsdp, reshard_after_forward=sharding.reshard_after_forward,

@@ -116,9 +116,10 @@ class DeepSpeedStrategy(Strategy):
 
     def _build_model(self, model_factory) -> torch.nn.Module:
         """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
-        holds the whole model; a spec that initialises by name (or initial_load) then fills each rank's
-        partitions one parameter at a time. Other models keep the init their modules ran under zero.Init."""
-        if self.cfg.zero.stage != 3:
+        holds the whole model; a spec that initialises by name then fills each rank's partitions one
+        parameter at a time (from checkpoint.initial_load where given). Other models are built whole, then partitioned by the engine."""
+        if self.cfg.zero.stage != 3 or not model_factory.can_materialize:
+            # a model initialised whole by its own code (e.g. transformers' post-init) must see whole tensors
             return model_factory()
         import deepspeed
         deepspeed.init_distributed()   # zero.Init reads the world size from DeepSpeed's own comm layer
@@ -129,16 +130,15 @@ class DeepSpeedStrategy(Strategy):
         return model
 
     @staticmethod
+    @torch.no_grad()
     def _fill_partitions(model, model_factory) -> None:
-        if model_factory.can_materialize or model_factory.initial_load:
-            rank = torch.distributed.get_rank()
-            with torch.no_grad():
-                for name, param in model.named_parameters():
-                    local = param.ds_tensor.view(-1)
-                    start = local.numel() * rank
-                    count = max(0, min(local.numel(), param.ds_numel - start))
-                    full = model_factory.full_parameter(name, param.ds_shape).view(-1)
-                    local[:count].copy_(full[start:start + count])
+        rank = torch.distributed.get_rank()
+        for name, param in model.named_parameters():
+            local = param.ds_tensor.view(-1)
+            start = local.numel() * rank
+            count = max(0, min(local.numel(), param.ds_numel - start))
+            full = model_factory.full_parameter(name, param.ds_shape).view(-1)
+            local[:count].copy_(full[start:start + count])
 
     def _to_device(self, batch):
         for t in batch:

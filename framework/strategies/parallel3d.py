@@ -24,10 +24,12 @@ from torch import nn
 from framework.config.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.parallel.fsdp import mixed_precision_policy
+from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.parallelize import ShardingPlan, parallelize
 from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
     validate_pipeline
+from framework.parallel.tied import TiedAcrossStages
 from framework.strategies.base import TorchStrategy
 from framework.strategies.fsdp import FSDPOptions
 
@@ -139,6 +141,8 @@ class Parallel3DStrategy(TorchStrategy):
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
         self.stage_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
+        tied = self.spec.tied_parameters(cfg.model) if self.num_stages > 1 else ()
+        self.tied = TiedAcrossStages(modules, tied, self.stage_group, self.device) if tied else None
 
         self.schedule = None
         if self.dims.pp > 1:
@@ -154,6 +158,10 @@ class Parallel3DStrategy(TorchStrategy):
         cfg = self.cfg
         return ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
                             mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
+
+    def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
+        counted = None if self.tied is None else list(self.tied.counted())
+        return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group, counted)
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
@@ -221,6 +229,8 @@ class Parallel3DStrategy(TorchStrategy):
                 self.schedule.step(*args, return_outputs=False, **kwargs)
             else:
                 self.schedule.eval(*args, **kwargs)
+        if train and self.tied is not None:
+            self.tied.sum_grads()
         local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)
         # The last stage's (dp x tp) ranks hold the loss (tp ranks alike): their mean is the global mean.
         total = local.detach().clone()

@@ -8,7 +8,6 @@ and output head may be None on pipeline stages that do not hold them.
 """
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -16,6 +15,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from framework.models.seeding import param_seed
 
 
 @dataclass
@@ -162,11 +163,6 @@ class Llama(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         return self.args.flops_per_token(seq_len)
-
-
-def param_seed(seed: int, name: str) -> int:
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 @torch.no_grad()

@@ -34,6 +34,9 @@ class LlamaSpec(ModelSpec):
         args = self.args(model_cfg)
         init_parameter(tensor, name, seed, args.n_layers, args.init_std)
 
+    def tied_parameters(self, model_cfg):
+        return (("tok_embeddings.weight", "output.weight"),) if self.args(model_cfg).tie_embeddings else ()
+
     def tensor_parallel_plan(self, model, sequence_parallel):
         return parallelize.tensor_parallel_plan(model, sequence_parallel)
 
@@ -80,9 +83,6 @@ class LlamaSpec(ModelSpec):
         for key, heads in (("model.n_heads", model.n_heads), ("model.n_kv_heads", kv_heads)):
             if heads % tp:
                 raise ConfigError(key, f"{heads} attention heads do not divide among parallel.tp={tp} ranks")
-        if model.tie_embeddings and (tp > 1 or pp > 1):
-            raise ConfigError("model.tie_embeddings", "tied embeddings cannot be split across tensor or pipeline "
-                                                      "ranks; set it false for parallel=3d with tp or pp > 1")
 
     def hf_config(self, model_cfg) -> dict:
         return hf_adapter.hf_config(self.args(model_cfg))

@@ -1,0 +1,150 @@
+"""model=hf: transformers causal LMs from local files train under single, fsdp x2 and deepspeed x2 with
+the losses of a plain transformers training loop on the same batches; the HF Llama and our Llama loaded
+from the same weights agree; resume is exact; the export loads back with from_pretrained."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from framework.checkpoint.manager import read_meta
+from framework.data.batches import build_samplers
+from framework.export.read import READERS
+from tests.conftest import CHECKPOINTED
+from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, run_framework, run_in_own_session
+
+transformers = pytest.importorskip("transformers")
+
+CONSTANT_LR = ["scheduler=constant", "scheduler.warmup_steps=0"]     # what the plain loop below does
+BASE = [*(a for a in FAST if a != "model=tiny"), "model=hf", *CONSTANT_LR, *CHECKPOINTED]
+LAYOUTS = {"single": ["parallel=single"], "fsdp": ["parallel=fsdp", "zero=stage3"],
+           "deepspeed": ["parallel=deepspeed", "zero=stage2"]}
+TOL = 1e-4
+
+
+def _configs():
+    # the shapes of model=tiny (so our Llama can load the same weights), no dropout
+    llama = transformers.LlamaConfig(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, vocab_size=256, max_position_embeddings=256,
+                                     rms_norm_eps=1e-5, tie_word_embeddings=False)
+    gpt2 = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=256, n_positions=256,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return {"llama": (transformers.LlamaForCausalLM, llama), "gpt2": (transformers.GPT2LMHeadModel, gpt2)}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Architecture -> a local dir with config.json + model.safetensors, made from a small config."""
+    root, out = tmp_path_factory.mktemp("hf_models"), {}
+    for arch, (cls, config) in _configs().items():
+        torch.manual_seed(0)
+        cls(config).save_pretrained(root / arch)
+        out[arch] = root / arch
+    return out
+
+
+# Llama from its saved weights; GPT-2 from its config.json alone: a fresh init from the seed, which must
+# be the same under every layout (the plain loop below makes it with the seed too).
+SOURCE = {"llama": lambda d: f"model.pretrained={d}", "gpt2": lambda d: f"model.config={d / 'config.json'}"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, saved):
+    root, done = tmp_path_factory.mktemp("hf_runs"), {}
+
+    def get(arch: str, layout: str) -> Path:
+        if (arch, layout) not in done:
+            run_dir = root / f"{arch}_{layout}"
+            check_ok(run_framework([*BASE, SOURCE[arch](saved[arch]), *LAYOUTS[layout]], run_dir))
+            done[arch, layout] = run_dir
+        return done[arch, layout]
+    return get
+
+
+def plain_transformers_losses(model_dir: Path, run_dir: Path, fresh: bool) -> list[float]:
+    """What a user's own loop gives: from_pretrained (or from_config after seeding torch), AdamW (decay on
+    matrices only), clip 1.0, the same global batches the framework drew (its sampler, in one process)."""
+    from omegaconf import OmegaConf
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml") if (run_dir / ".hydra").exists() else None
+    cfg = cfg or OmegaConf.load(next(run_dir.glob("checkpoints/*/config.yaml")))
+    if fresh:
+        torch.manual_seed(cfg.seed)
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(model_dir / "config.json"), dtype=torch.float32).train()
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optimizer
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": o.weight_decay},
+                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                            lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+    sampler, _ = build_samplers(cfg.data, cfg.trainer.global_batch_size, cfg.seed, with_val=False)
+    out = []
+    for step in range(cfg.trainer.max_steps):
+        batch = sampler.local_batch(step, 0, 1)
+        x, y = batch[:, :-1], batch[:, 1:]
+        loss = F.cross_entropy(model(input_ids=x).logits.flatten(0, -2).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip)
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(runs, saved):
+    done = {}
+
+    def get(arch: str) -> list[float]:
+        if arch not in done:
+            done[arch] = plain_transformers_losses(saved[arch], runs(arch, "single"), fresh=arch == "gpt2")
+        return done[arch]
+    return get
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_matches_a_plain_transformers_loop(runs, plain, arch, layout):
+    got = losses(runs(arch, layout))
+    assert len(got) == 8
+    assert max_rel_diff(plain(arch), got) <= TOL
+
+
+def test_hf_llama_and_our_llama_from_the_same_weights_agree(tmp_path, runs, saved):
+    ours = tmp_path / "ours"
+    check_ok(run_framework([*FAST, *CONSTANT_LR, f"checkpoint.initial_load={saved['llama']}"], ours))
+    assert max_rel_diff(losses(runs("llama", "single")), losses(ours)) <= TOL
+
+
+def test_resume_is_exact_and_the_export_loads_with_from_pretrained(tmp_path, runs, saved):
+    run_dir = runs("llama", "fsdp")
+    step_4 = run_dir / "checkpoints" / "step_00000004"
+    check_ok(run_framework([*BASE, f"model.pretrained={saved['llama']}", *LAYOUTS["fsdp"],
+                            f"checkpoint.resume={step_4}"], tmp_path / "resumed"))
+    assert max_rel_diff(losses(run_dir)[4:], losses(tmp_path / "resumed")) <= 1e-6
+
+    ckpt, out = run_dir / "checkpoints" / "step_00000008", tmp_path / "hf"
+    proc = run_in_own_session([sys.executable, "-m", "framework.export", str(ckpt), str(out)], cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    state = READERS[read_meta(str(ckpt))["format"]](str(ckpt))
+    trained = transformers.AutoModelForCausalLM.from_pretrained(saved["llama"], dtype=torch.float32).eval()
+    trained.load_state_dict({k[len("model."):]: v for k, v in state.items()})
+    exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, trained(tokens).logits, atol=1e-5, rtol=0)
+        assert not torch.allclose(exported(tokens).logits,
+                                  transformers.AutoModelForCausalLM.from_pretrained(saved["llama"])(tokens).logits)
+
+
+def test_bad_model_dirs_stop_before_work(tmp_path, saved):
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((saved["llama"] / "config.json").read_text())
+    for args, words in (([], "exactly one of"), ([f"model.pretrained={no_weights}"], "model.safetensors"),
+                        ([f"model.pretrained={saved['llama']}", "parallel=3d", "parallel.tp=2"], "parallel.tp")):
+        proc = run_framework([*BASE, *args], tmp_path / "r")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert any(w in proc.stderr for w in words.split("|")), proc.stderr
