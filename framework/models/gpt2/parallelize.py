@@ -9,17 +9,17 @@ would need its own sequence slice): the spec refuses it.
 """
 from __future__ import annotations
 
-import copy
-
 from torch import nn
 from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from framework.models.gpt2.model import GPT2
+from framework.models.native_spec import stage_with_layers
 
 
-def tensor_parallel_plan(model: GPT2) -> dict[str, ParallelStyle]:
-    """Module name -> style for the modules this (possibly pipeline-split) model holds."""
+def tensor_parallel_plan(model: GPT2, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
+    """Module name -> style for the modules this (possibly pipeline-split) model holds (no sequence
+    parallelism: the spec refuses it)."""
     plan: dict[str, ParallelStyle] = {}
     if model.wte is not None:
         plan["wte"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
@@ -43,12 +43,7 @@ def pipeline_stage(model: GPT2, stage_index: int, num_stages: int) -> nn.Module:
     embeddings on the first stage and ln_f + head on the last. Parameter names stay the full model's.
     A last stage without the embedding keeps lm_head.weight as its own parameter: the copy of the tied
     weight whose gradient the pipeline sums with the first stage's."""
-    per_stage = len(model.layers) // num_stages
-    mine = set(range(stage_index * per_stage, (stage_index + 1) * per_stage))
-    stage = copy.deepcopy(model)
-    for key in list(stage.layers):
-        if int(key) not in mine:
-            del stage.layers[key]
+    stage = stage_with_layers(model, stage_index, num_stages)
     if stage_index != 0:
         stage.wte = stage.wpe = None
     if stage_index != num_stages - 1:

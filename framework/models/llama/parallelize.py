@@ -11,14 +11,13 @@ all-reduce. Activations crossing a pipeline stage boundary are then each rank's 
 """
 from __future__ import annotations
 
-import copy
-
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
 
 from framework.models.llama.model import Llama
+from framework.models.native_spec import stage_with_layers
 
 
 def tensor_parallel_plan(model: Llama, sequence_parallel: bool) -> dict[str, ParallelStyle]:
@@ -60,12 +59,7 @@ def pipeline_stage(model: Llama, stage_index: int, num_stages: int) -> nn.Module
     """A copy of `model` holding only stage `stage_index`'s layers (an equal share, in order), the
     embedding on the first stage and norm + head on the last. Parameter names stay those of the full
     model, so per-name seeded init and checkpoints agree with a single-process run."""
-    per_stage = len(model.layers) // num_stages
-    mine = set(range(stage_index * per_stage, (stage_index + 1) * per_stage))
-    stage = copy.deepcopy(model)
-    for key in list(stage.layers):
-        if int(key) not in mine:
-            del stage.layers[key]
+    stage = stage_with_layers(model, stage_index, num_stages)
     if stage_index != 0:
         stage.tok_embeddings = None
     if stage_index != num_stages - 1:
