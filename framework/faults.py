@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import signal
 import time
 
@@ -45,4 +46,6 @@ def inject(point: str, step: int) -> None:
                 signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
                 while True:
                     time.sleep(3600)
+            print(f"fault injected: rank {rank} kills itself at {point}:{step} (attempt {attempt})",
+                  file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

@@ -6,6 +6,8 @@ import ctypes.util
 import os
 import signal
 import sys
+import time
+import traceback
 
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -16,6 +18,14 @@ from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
 PR_SET_PDEATHSIG = 1
+PEER_FAILURE_GRACE_S = 2.0
+
+
+def _peer_failure(e: BaseException) -> bool:
+    """A collective that failed because another rank died or hung (gloo/NCCL errors, DistError)."""
+    import torch.distributed as dist
+    text = str(e).lower()
+    return isinstance(e, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection reset", "timed out"))
 
 
 def run_worker(cfg, run_dir: str) -> None:
@@ -47,7 +57,25 @@ def die_with_parent(launcher_pid: int) -> None:
 
 
 @record
-def worker_entry(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
-    """Entry point of a spawned worker: the resolved config the parent validated."""
+def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     die_with_parent(launcher_pid)
     run_worker(OmegaConf.create(config_yaml), run_dir)
+
+
+def worker_entry(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
+    """Entry point of a spawned worker: the resolved config the parent validated."""
+    try:
+        _recorded_worker(run_dir, config_yaml, launcher_pid)
+    except SystemExit:
+        raise
+    except BaseException as e:
+        # `record` has written the error file. A normal interpreter exit would now run the C++ destructors
+        # of a process group whose peers are gone, and gloo can abort there (SIGABRT), hiding the error.
+        traceback.print_exc()
+        if _peer_failure(e):
+            # The elastic agent reports the first dead worker it finds: give it time to find the peer
+            # that died (the cause) before this rank, which only noticed it, exits too.
+            time.sleep(PEER_FAILURE_GRACE_S)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

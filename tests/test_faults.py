@@ -69,7 +69,7 @@ def test_restarted_group_comes_back_after_kills_anywhere(tmp_path, clean):
     run_dir = tmp_path / "crashed"
     proc = _job([*DDP, "launcher.max_restarts=5"], run_dir, fault=faults)
     check_ok(proc)
-    assert proc.stderr.count("SIGKILL") >= 5 or proc.stderr.count("-9") >= 5, proc.stderr[-3000:]
+    assert proc.stderr.count("fault injected: ") == 5, proc.stderr[-3000:]
     crashed = read_metrics(run_dir)
     assert [r["step"] for r in crashed] == [r["step"] for r in clean]
     assert max_rel_diff([r["loss"] for r in clean], [r["loss"] for r in crashed]) <= 1e-6
