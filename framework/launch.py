@@ -99,6 +99,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
         world_size = world_size_for(cfg, strategy_cls)
         validate(cfg, world_size, strategy_cls, run_dir)
+        check_the_plan(cfg, world_size)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         _remove_if_only_hydra_files(run_dir)
@@ -122,6 +123,19 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
     else:
         spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
     return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
+
+
+def check_the_plan(cfg: DictConfig, world_size: int) -> None:
+    """Refuse a job the planner says cannot fit its device (a GPU, or planner.device)."""
+    from framework.plan.check import refuse_if_it_cannot_fit
+    try:
+        refuse_if_it_cannot_fit(cfg, world_size, lambda c: validate(c, world_size, strategy_class(c.parallel.name)))
+    except ConfigError:
+        raise
+    except Exception as e:      # a model the planner cannot trace must not stop a job that may well fit
+        if is_rank_zero():
+            print(f"warning: no memory plan ({type(e).__name__}: {e}); planner.check=false hides this",
+                  file=sys.stderr)
 
 
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:

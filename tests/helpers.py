@@ -69,3 +69,20 @@ def train(tmp_path: Path, name: str, args: list[str], **kwargs) -> list[float]:
     run_dir = tmp_path / name
     check_ok(run_framework([*FAST, *args], run_dir, **kwargs))
     return losses(run_dir)
+
+
+def assert_planned_model_states(run_dir: Path) -> None:
+    """The planner's model-state bytes for the job's resolved config equal what rank 0 measured."""
+    from omegaconf import OmegaConf
+
+    from framework.plan.layout import layout_of
+    from framework.plan.model_states import model_states
+    from framework.plan.shapes import rank_parameters
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    last = read_metrics(run_dir)[-1]
+    layout = layout_of(cfg, last["world_size"])
+    planned = model_states(cfg, layout, rank_parameters(cfg, layout, pp_rank=0))
+    got = {"params": planned.params, "grads": planned.grads, "optimizer": planned.optimizer, "master": planned.master}
+    measured = {"params": last["param_bytes"], "grads": last["grad_bytes"], "optimizer": last["optim_state_bytes"],
+                "master": last.get("master_param_bytes", 0)}
+    assert got == measured, (layout.describe(), got, measured)

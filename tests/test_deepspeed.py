@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
+from tests.helpers import assert_planned_model_states, FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
 
 FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
 TOL, OFFLOAD_TOL = 1e-5, 1e-4
@@ -82,6 +82,8 @@ def test_per_rank_memory_shrinks_with_the_stage(ds_run):
     # Stage 2 also partitions gradients; stage 3 also parameters.
     assert grads["none"] == params["none"] and grads["stage2"] == half, grads
     assert params["stage1"] == params["stage2"] == params["none"] and params["stage3"] == half, params
+    for name in ("none", "stage1", "stage2", "stage3", "offload"):
+        assert_planned_model_states(ds_run(name))
 
 
 def test_bf16_runs_and_learns_on_the_default_corpus(tmp_path, single_reference):

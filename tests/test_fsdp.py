@@ -1,7 +1,7 @@
 """parallel=fsdp (FSDP2): single-process losses in every layout, measured sharding, config errors."""
 import pytest
 
-from tests.helpers import max_rel_diff, read_metrics, run_framework, train
+from tests.helpers import assert_planned_model_states, max_rel_diff, read_metrics, run_framework, train
 
 TOL = 1e-5
 
@@ -18,6 +18,7 @@ def test_fsdp_matches_single(tmp_path, single_reference, name, args):
     got = train(tmp_path, name, ["parallel=fsdp", *args])
     assert len(got) == 8
     assert max_rel_diff(single_reference(), got) <= TOL
+    assert_planned_model_states(tmp_path / name)
 
 
 def test_zero3_x4_matches_single_and_holds_a_quarter_of_ddp_optimizer_state(tmp_path, single_reference):

@@ -12,7 +12,7 @@ from framework.checkpoint.manager import read_meta
 from framework.export.read import READERS
 from framework.models.spec import spec_for
 from tests.conftest import CHECKPOINTED
-from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
+from tests.helpers import assert_planned_model_states, FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,6 +50,7 @@ def test_every_layout_matches_single(runs, name):
     assert max_rel_diff([r["loss"] for r in single], [r["loss"] for r in got]) <= tol
     # the tied weight's gradient counts once, however the stages split it
     assert max_rel_diff([r["grad_norm"] for r in single], [r["grad_norm"] for r in got]) <= tol
+    assert_planned_model_states(runs(name))
 
 
 def test_pipeline_resume_is_exact_and_reshards_to_single(tmp_path, runs):

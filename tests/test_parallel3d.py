@@ -2,7 +2,7 @@
 and the mission's command runs as-is (tests/test_readme_commands.py runs it as README shows it)."""
 import pytest
 
-from tests.helpers import FAST, check_ok, max_rel_diff, read_metrics, run_framework, train
+from tests.helpers import assert_planned_model_states, FAST, check_ok, max_rel_diff, read_metrics, run_framework, train
 
 TOL = 1e-4
 STEPS = ["trainer.max_steps=6"]
@@ -37,6 +37,7 @@ def test_layout_matches_single(tmp_path, single_reference, layout):
     ref = single_reference(*[a for a in args if a.startswith("model.")], *STEPS)
     assert len(got) == 6
     assert max_rel_diff(ref, got) <= TOL
+    assert_planned_model_states(tmp_path / layout)
 
 
 _single_records: dict = {}
@@ -55,6 +56,7 @@ def test_tp2_pp2_dp2_zero3_matches_single_loss_and_grad_norm(tmp_path, extra):
         ref, got = ([r[key] for r in records[name]] for name in ("single", "3d"))
         assert len(got) == 6
         assert max_rel_diff(ref, got) <= TOL, key
+    assert_planned_model_states(tmp_path / "3d")
 
 
 def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path):

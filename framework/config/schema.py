@@ -173,6 +173,14 @@ class LoggingConfig:
 
 
 @dataclass
+class PlannerConfig:
+    device: Optional[str] = None        # h100 | h100_pcie | h200 | a100_40gb | a100_80gb | b200 | mi300x | cpu; null = detected
+    nodes: int = 1
+    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else 8 for a GPU from the table
+    check: bool = True                  # refuse (exit 2) a job the plan says cannot fit the device
+
+
+@dataclass
 class Config:
     parallel: Any = MISSING
     zero: ZeroConfig = MISSING
@@ -186,5 +194,6 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     seed: int = 0
     device: str = "auto"                    # auto | cpu | cuda

@@ -1,0 +1,59 @@
+"""`python -m framework.plan [overrides] [--json]`: the plan of the job those overrides describe.
+
+The config is composed and validated exactly as `python -m framework` would (exit 2 with one line on
+a bad one); nothing is launched, no weight is allocated and no device is needed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from framework import exit_codes
+from framework.config.errors import ConfigError
+from framework.config.paths import CONFIG_DIR
+from framework.config.store import register_configs
+from framework.config.validate import validate
+from framework.data.resolve import apply_dataset_manifests
+from framework.plan.check import planned_device, planned_world
+from framework.plan.hardware import measured_cpu
+from framework.plan.planner import Plan, make_plan
+from framework.plan.report import table
+from framework.strategies.registry import strategy_class
+
+
+def plan_for(overrides: list[str]) -> Plan:
+    from framework.launch import world_size_for
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=overrides)
+    OmegaConf.set_struct(cfg, False)
+    strategy_cls = strategy_class(cfg.parallel.name)
+    apply_dataset_manifests(cfg, model_vocab_given=any(o.startswith("model.vocab_size=") for o in overrides))
+    device = planned_device(cfg) or measured_cpu()
+    world, per_node = planned_world(cfg, world_size_for(cfg, strategy_cls), device)
+    validate(cfg, world, strategy_cls)
+    return make_plan(cfg, world, device, per_node)
+
+
+def main(argv: list[str]) -> int:
+    as_json = "--json" in argv
+    overrides = [a for a in argv if a != "--json"]
+    try:
+        plan = plan_for(overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return exit_codes.USAGE
+    except Exception as e:      # Hydra's own override errors
+        if type(e).__module__.startswith(("hydra", "omegaconf")):
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return exit_codes.USAGE
+        raise
+    print(json.dumps(plan.as_json()) if as_json else table(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

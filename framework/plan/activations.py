@@ -1,0 +1,175 @@
+"""Activation bytes, measured on shapes alone: the model runs forward (and its loss) once under
+FakeTensorMode, so no memory is allocated and no arithmetic done, and every tensor created is recorded
+with the module whose forward created it. What is still alive when the loss exists is what autograd
+keeps for backward. The same code path as the job (its activation checkpointing, its autocast) runs,
+so checkpointed blocks keep only their inputs, bf16 matmul outputs are 2 bytes, and an SDPA kernel
+keeps no s^2 scores.
+
+Tensor parallelism is applied per tensor from the model spec's plan: outputs of column-parallel
+modules and of what runs between them and the row-parallel ones (attention, the MLP's activation)
+are split tp ways; row-parallel outputs, norms and residual adds are whole on each rank unless
+sequence parallelism splits them along the sequence. Pipeline stages keep their own blocks' share.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from framework.models.spec import spec_for
+from framework.parallel.activation_checkpointing import checkpoint_activations
+from framework.parallel.blocks import find_blocks
+
+SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Live bytes after forward of one micro-batch, by where they were made and how TP divides them."""
+    head: dict          # kind -> bytes made outside any block before the first one (embeddings)
+    blocks: list        # per block: kind -> bytes
+    tail: dict          # after the last block (final norm, head, logits, loss)
+    block_full: int     # bytes one block keeps without checkpointing (what a recompute makes again)
+
+    def stage_bytes(self, block_ids: list[int], first: bool, last: bool, tp: int, sp: bool) -> int:
+        def divided(kinds: dict) -> float:
+            return (kinds.get(SPLIT, 0) / tp + kinds.get(SEQUENCE, 0) / (tp if sp else 1)
+                    + kinds.get(WHOLE, 0))
+        total = sum(divided(self.blocks[i]) for i in block_ids)
+        if first:
+            total += divided(self.head)
+        if last:
+            total += divided(self.tail)
+        return int(total)
+
+
+class _LiveTensors(TorchDispatchMode):
+    """Every tensor an op creates, keyed by its storage, with who made it."""
+
+    def __init__(self, where, existing):
+        super().__init__()
+        self.where = where
+        self.existing = existing        # storages of parameters and buffers: views of them are not new
+        self.known = {id(s) for s in existing}
+        self.made: dict[int, tuple] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = id(storage)
+                earlier = self.made.get(key)
+                # ids are reused once a storage dies: a dead entry under this id is another tensor's
+                if key not in self.known and (earlier is None or earlier[0]() is None):
+                    self.made[key] = (weakref.ref(storage), storage.nbytes(), self.where())
+        return out
+
+    def alive(self):
+        for ref, nbytes, where in self.made.values():
+            if ref() is not None:
+                yield nbytes, where
+
+
+def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
+    if isinstance(style, ColwiseParallel):
+        return WHOLE if isinstance(module, nn.Embedding) else SPLIT
+    if isinstance(style, RowwiseParallel):
+        return SEQUENCE
+    if module is None or "norm" in type(module).__name__.lower():
+        return SEQUENCE if in_block else WHOLE
+    return SPLIT if in_block else WHOLE
+
+
+def measure(cfg, micro_batch: int, seq_len: int) -> ActivationProfile:
+    """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors."""
+    key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.activation_checkpointing),
+           cfg.precision.name, cfg.precision.param_dtype, micro_batch, seq_len)
+    return _measure(key, cfg)
+
+
+_CACHE: dict = {}
+
+
+def _measure(key, cfg) -> ActivationProfile:
+    if key in _CACHE:
+        return _CACHE[key]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    import torch.nn.functional as F
+    spec = spec_for(cfg.model)
+    micro_batch, seq_len = key[-2], key[-1]
+    stack: list[str] = []
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = spec.build(cfg.model)
+        checkpoint_activations(model, cfg.activation_checkpointing, spec)
+        blocks = find_blocks(model, spec.block_classes(model))
+        plan = {}
+        try:
+            plan = spec.tensor_parallel_plan(model, False) or {}
+        except Exception:       # a model without a plan keeps everything whole
+            plan = {}
+        block_names = {name for name, _ in blocks}
+        order = {name: i for i, (name, _) in enumerate(blocks)}
+        names = {id(m): n for n, m in model.named_modules()}
+        seen_last_block = [False]
+
+        def where():
+            block = next((n for n in reversed(stack) if n in block_names), None)
+            inner = stack[-1] if stack else ""
+            module = model.get_submodule(inner) if inner else None
+            style = plan.get(inner)
+            if block is not None:
+                # the block's own frame: residual adds, whole on every rank unless sequence-parallel
+                kind = SEQUENCE if inner == block else _kind_of(module, style, True)
+                return ("block", order[block], kind)
+            return ("tail" if seen_last_block[0] else "head", None, _kind_of(module, style, False))
+
+        def pre(mod, _args):
+            stack.append(names[id(mod)])
+
+        def post(mod, _args, _out):
+            name = stack.pop()
+            if name in block_names and order[name] == len(blocks) - 1:
+                seen_last_block[0] = True
+
+        handles = []
+        for m in model.modules():
+            if m is not model:
+                handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+        for p in model.parameters():
+            p.requires_grad_(True)
+        tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+        tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
+        precision = cfg.precision.name
+        autocast = (torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+                    if precision in ("bf16", "fp16") else torch.autocast("cpu", enabled=False))
+        with tracker, autocast:
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), tokens.flatten())
+            del logits          # the trainer keeps only the loss; what backward needs is held by the graph
+        head: dict = {}
+        tail: dict = {}
+        per_block = [dict() for _ in blocks]
+        for nbytes, (region, index, kind) in tracker.alive():
+            bucket = per_block[index] if region == "block" else (head if region == "head" else tail)
+            bucket[kind] = bucket.get(kind, 0) + nbytes
+        del loss
+        for h in handles:
+            h.remove()
+    block_full = _block_without_checkpointing(cfg, micro_batch, seq_len) if cfg.activation_checkpointing.mode != "none" \
+        else (sum(per_block[0].values()) if per_block else 0)
+    profile = ActivationProfile(head=head, blocks=per_block, tail=tail, block_full=block_full)
+    _CACHE[key] = profile
+    return profile
+
+
+def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int) -> int:
+    plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    plain.activation_checkpointing.mode = "none"
+    profile = measure(plain, micro_batch, seq_len)
+    return sum(profile.blocks[0].values()) if profile.blocks else 0

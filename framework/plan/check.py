@@ -1,0 +1,77 @@
+"""Before launch: the plan for the job's device, and a refusal with the cheapest change that fits."""
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from framework.config.errors import ConfigError
+from framework.plan.hardware import Device, detected_device, device_named
+from framework.plan.planner import Plan, make_plan
+
+GIB = 1024 ** 3
+
+
+def planned_device(cfg) -> Device | None:
+    return device_named(cfg.planner.device) if cfg.planner.device else detected_device()
+
+
+def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
+    """(world size, GPUs per node) the plan is for: planner.nodes x planner.gpus_per_node when given."""
+    per_node = cfg.planner.gpus_per_node
+    if per_node is None:
+        return launcher_world, (launcher_world if device.name == "cpu" else 8)
+    return cfg.planner.nodes * per_node, per_node
+
+
+def _variants(cfg):
+    """Cheaper-to-run changes first: recompute, more sharding, smaller micro-batches, model parallelism."""
+    p, ac, z = cfg.parallel.name, cfg.activation_checkpointing.mode, cfg.zero.stage
+    if ac != "full":
+        yield "activation_checkpointing=full", {"activation_checkpointing.mode": "full"}
+    if p in ("ddp", "deepspeed") and z < (1 if p == "ddp" else 3):
+        yield f"zero=stage{z + 1}", {"zero.stage": z + 1}
+    if p in ("fsdp", "3d") and z == 2:
+        yield "zero=stage3", {"zero.stage": 3}
+    mb = cfg.trainer.micro_batch_size
+    if mb and mb > 1:
+        yield f"trainer.micro_batch_size={mb // 2}", {"trainer.micro_batch_size": mb // 2}
+    if p == "3d":
+        for dim in ("tp", "pp"):
+            yield f"parallel.{dim}={cfg.parallel[dim] * 2}", {f"parallel.{dim}": cfg.parallel[dim] * 2,
+                                                              "parallel.dp_shard": -1}
+
+
+def cheapest_fit(cfg, world: int, device: Device, per_node: int, validate) -> str | None:
+    fitting = []
+    for text, changes in _variants(cfg):
+        trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+        for key, value in changes.items():
+            OmegaConf.update(trial, key, value)
+        try:
+            validate(trial)
+            plan = make_plan(trial, world, device, per_node)
+        except (ConfigError, ValueError):
+            continue
+        if plan.fits:
+            fitting.append((plan.step_time_s, text))
+    return min(fitting)[1] if fitting else None
+
+
+def refuse_if_it_cannot_fit(cfg, launcher_world: int, validate) -> Plan | None:
+    """Raise ConfigError where the most loaded rank needs more than the device holds."""
+    if not cfg.planner.check:
+        return None
+    device = planned_device(cfg)
+    if device is None:
+        return None
+    world, per_node = planned_world(cfg, launcher_world, device)
+    plan = make_plan(cfg, world, device, per_node)
+    if plan.fits:
+        return plan
+    need = plan.per_rank_bytes
+    parts = ", ".join(f"{k} {need[k] / GIB:.1f}" for k in ("params", "grads", "optimizer", "master",
+                                                          "activations", "buffers") if need[k])
+    fix = cheapest_fit(cfg, world, device, per_node, validate)
+    hint = f"the cheapest change that fits: {fix}" if fix else "no single change fits: add devices"
+    raise ConfigError("planner", f"the most loaded rank needs {need['total'] / GIB:.1f} GiB ({parts}) but one "
+                                 f"{device.name} holds {device.memory_bytes / GIB:.1f} GiB; {hint} "
+                                 f"(planner.check=false skips this check)")

@@ -1,0 +1,90 @@
+"""The devices the planner knows: memory, bandwidths and (from framework.metrics.mfu) dense peaks.
+Bandwidths are per GPU and per direction: HBM, the intra-node link (NVLink / Infinity Fabric) and the
+inter-node NIC. `cpu` is this machine, measured on the spot (matmul throughput, memory copy bandwidth)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from framework.config.errors import ConfigError
+from framework.metrics.mfu import GPU_PEAK_FLOPS
+
+GB = 1e9
+GIB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_bytes: int
+    peak_flops: dict            # dtype -> dense FLOP/s
+    hbm_bw: float
+    intra_bw: float             # per GPU, per direction, within a node
+    inter_bw: float             # per GPU, per direction, across nodes
+    fp8_flops: float = 0.0
+    efficiency: float = 0.55    # the share of peak a well-fed transformer step reaches (MFU ceiling)
+
+
+_GPUS = {
+    # name: (table key in mfu, HBM bytes, HBM B/s, intra-node B/s, inter-node B/s, fp8 dense FLOP/s)
+    "h100": ("H100", 80 * GIB, 3.35e12, 450 * GB, 50 * GB, 1979e12),
+    "h100_pcie": ("H100 PCIe", 80 * GIB, 2.0e12, 64 * GB, 50 * GB, 1513e12),
+    "h200": ("H200", 141 * GIB, 4.8e12, 450 * GB, 50 * GB, 1979e12),
+    "a100_40gb": ("A100", 40 * GIB, 1.555e12, 300 * GB, 25 * GB, 0.0),
+    "a100_80gb": ("A100", 80 * GIB, 2.0e12, 300 * GB, 25 * GB, 0.0),
+    "b200": ("B200", 180 * GIB, 8.0e12, 900 * GB, 50 * GB, 4500e12),
+    "mi300x": ("MI300X", 192 * GIB, 5.3e12, 448 * GB, 50 * GB, 2615e12),
+}
+NAMES = (*_GPUS, "cpu")
+
+
+def device_named(name: str) -> Device:
+    key = name.lower().replace("-", "_")
+    if key == "cpu":
+        return measured_cpu()
+    if key not in _GPUS:
+        raise ConfigError("planner.device", f"unknown device {name!r}; use one of {', '.join(NAMES)}")
+    table, memory, hbm, intra, inter, fp8 = _GPUS[key]
+    return Device(key, memory, dict(GPU_PEAK_FLOPS[table]), hbm, intra, inter, fp8)
+
+
+def detected_device() -> Device | None:
+    """The planner's entry for the visible GPU, None without one (or one it does not know)."""
+    if not torch.cuda.is_available():
+        return None
+    from framework.metrics.mfu import match_device
+    table = match_device(torch.cuda.get_device_name(0))
+    for key, row in _GPUS.items():
+        if row[0] == table:
+            total = torch.cuda.get_device_properties(0).total_memory
+            return Device(key, total, dict(GPU_PEAK_FLOPS[table]), row[2], row[3], row[4], row[5])
+    return None
+
+
+@lru_cache(maxsize=1)
+def measured_cpu() -> Device:
+    """This host: fp32 matmul FLOP/s over the threads one worker gets, memory copy bandwidth."""
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.2:
+        a @ b
+        reps += 1
+    flops = 2 * n ** 3 * reps / (time.perf_counter() - start)
+    x = torch.empty(16 * 1024 * 1024 // 4)
+    y = torch.empty_like(x)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.1:
+        y.copy_(x)
+        reps += 1
+    copy_bw = x.numel() * 4 * reps / (time.perf_counter() - start)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    # bf16 matmuls on a CPU without AMX run several times slower than fp32
+    peaks = {"fp32": flops, "tf32": flops, "bf16": flops / 4, "fp16": flops / 4}
+    # gloo over loopback moves tensors at a fraction of a memory copy
+    return Device("cpu", memory, peaks, copy_bw, copy_bw / 8, copy_bw / 8, efficiency=1.0)

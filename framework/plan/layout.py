@@ -1,0 +1,92 @@
+"""The numbers of a job's layout the planner reasons about, read from a validated config."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.parallel.mesh import ParallelDims
+
+
+@dataclass(frozen=True)
+class Layout:
+    strategy: str               # single | ddp | fsdp | deepspeed | 3d
+    world: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    zero: int
+    offload_optimizer: bool
+    offload_params: bool
+    sequence_parallel: bool
+    pp_schedule: str
+    pp_microbatches: int        # pipeline micro-batches per step (1 without a pipeline)
+    virtual_stages: int
+    ac: str                     # none | full | selective
+    ac_every: int
+    micro_batch: int            # sequences per forward on one rank
+    accumulation: int           # forwards per optimizer step on one rank (pipeline: its micro-batches)
+    seq_len: int
+    precision: str              # fp32 | bf16 | fp16
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shards_params(self) -> bool:
+        """Torch FSDP2 (fsdp, 3d with a zero stage) or DeepSpeed ZeRO-3."""
+        if self.strategy in ("fsdp", "3d"):
+            return self.zero >= 2 and self.dp_shard > 1
+        return self.strategy == "deepspeed" and self.zero == 3
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    def describe(self) -> str:
+        parts = [f"parallel={self.strategy}"]
+        if self.zero:
+            parts.append(f"zero=stage{self.zero}")
+        if self.strategy in ("fsdp", "3d") and self.dp_replicate > 1:
+            parts.append(f"dp_replicate={self.dp_replicate}")
+        if self.strategy == "3d":
+            parts += [f"tp={self.tp}", f"pp={self.pp}"]
+            if self.pp > 1:
+                parts.append(f"pp_schedule={self.pp_schedule}")
+            if self.sequence_parallel:
+                parts.append("sp")
+        if self.ac != "none":
+            parts.append(f"ac={self.ac}")
+        parts.append(f"micro_batch={self.micro_batch}")
+        return " ".join(parts)
+
+
+def layout_of(cfg, world_size: int) -> Layout:
+    """The layout of a validated config (micro_batch_size filled in) on `world_size` processes."""
+    p, t = cfg.parallel, cfg.trainer
+    name = p.name
+    if name in ("fsdp", "3d"):
+        dims = ParallelDims.from_config(p, world_size)
+        if cfg.zero.stage == 0:
+            dims = dims.replicate_only()
+        rep, shard, tp, pp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp
+    else:
+        rep, shard, tp, pp = world_size, 1, 1, 1
+    dp = rep * shard
+    share = t.global_batch_size // dp
+    virtual = p.get("pp_virtual_stages", 1) if pp > 1 else 1
+    if pp > 1:
+        from framework.strategies.parallel3d import Parallel3DStrategy
+        microbatches = Parallel3DStrategy.pipeline_microbatches(cfg, dims)
+        micro = share // microbatches
+    else:
+        micro = min(t.micro_batch_size, share)
+        microbatches = 1
+    return Layout(
+        strategy=name, world=world_size, dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, zero=cfg.zero.stage,
+        offload_optimizer=bool(cfg.zero.offload_optimizer), offload_params=bool(cfg.zero.offload_params),
+        sequence_parallel=bool(p.get("sequence_parallel", False)) and tp > 1,
+        pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=microbatches, virtual_stages=virtual,
+        ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
+        micro_batch=micro, accumulation=microbatches if pp > 1 else share // micro,
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name)

@@ -1,0 +1,124 @@
+"""Bytes of parameters, gradients, optimizer states and fp32 master copies on one rank: the same
+quantities the job measures (`param_bytes`, `grad_bytes`, `optim_state_bytes`, `master_param_bytes`
+in metrics.jsonl), computed from shapes and the rules each strategy's library follows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.plan.layout import Layout
+from framework.plan.shapes import ParamShape
+
+FP32 = 4
+STEP_BYTES = 4      # torch's Adam/AdamW keep `step` as a float32 scalar tensor per parameter
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    params: int
+    grads: int
+    optimizer: int
+    master: int
+    offloaded: int = 0          # of the above, bytes that live in host memory (offload)
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.master
+
+
+@dataclass(frozen=True)
+class OptimizerKind:
+    """Per-element fp32 state tensors and per-tensor scalars of the optimizer."""
+    moments: int
+    scalars: int
+
+    @classmethod
+    def of(cls, opt_cfg) -> "OptimizerKind":
+        target = opt_cfg._target_.rsplit(".", 1)[-1].lower()
+        if target in ("adamw", "adam", "fusedadam", "deepspeedcpuadam"):
+            return cls(moments=2, scalars=1)
+        if target == "sgd":
+            return cls(moments=1 if opt_cfg.get("momentum", 0) else 0, scalars=0)
+        return cls(moments=2, scalars=1)     # an optimizer we do not know: assume Adam-like
+
+    def bytes_for(self, numel: int) -> int:
+        return self.moments * numel * FP32 + (self.scalars * STEP_BYTES if numel else 0)
+
+
+def decay_groups(shapes: list[ParamShape]) -> list[list[ParamShape]]:
+    """The optimizer's parameter groups (framework.optim.factory): matrices decay, the rest not."""
+    groups = [[s for s in shapes if len(s.full) >= 2], [s for s in shapes if len(s.full) < 2]]
+    return [g for g in groups if g]
+
+
+def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -> list[ParamShape]:
+    """torch's ZeroRedundancyOptimizer: each group's parameters, largest first, go whole to the rank
+    holding the fewest elements so far."""
+    sizes = [0] * world
+    mine = []
+    for group in groups:
+        for s in sorted(group, key=lambda s: s.numel, reverse=True):
+            r = sizes.index(min(sizes))
+            sizes[r] += s.numel
+            if r == rank:
+                mine.append(s)
+    return mine
+
+
+def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind) -> ModelStates:
+    """single, ddp (+ZeroRedundancyOptimizer), fsdp and 3d: fp32 parameters (autocast or FSDP2's
+    mixed-precision policy computes in low precision from them), gradients of the same local shape."""
+    local = sum(s.numel for s in shapes)
+    stepped = shapes
+    if layout.strategy == "ddp" and layout.zero == 1:
+        stepped = zero1_partition(decay_groups(shapes), layout.world)
+    opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
+    offloaded = (local * FP32 * 2 + opt) if layout.offload_params else 0
+    grads = sum(s.grad_numel for s in shapes) * FP32
+    return ModelStates(params=local * FP32, grads=grads, optimizer=opt, master=0, offloaded=offloaded)
+
+
+def _ds_alignment_partition(total: int, world: int) -> int:
+    """ZeRO-1/2 flatten a group aligned to 2 x world elements and split it evenly."""
+    align = 2 * world
+    return -(-total // align) * align // world
+
+
+def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind,
+                           persistence_threshold: int) -> ModelStates:
+    """DeepSpeed ZeRO: stage 1/2 flatten each optimizer group and step an fp32 copy of this rank's
+    partition and keep only their partition of the averaged gradients; stage 3 partitions every
+    parameter (ceil(numel / world) each) except those below the persistence threshold, which every rank
+    also keeps whole, and in fp32 steps the partition itself."""
+    world, compute = layout.world, layout.compute_bytes
+    full = sum(s.full_numel for s in shapes)
+    groups = decay_groups(shapes)
+    if layout.zero == 0:
+        opt = sum(optimizer.bytes_for(s.full_numel) for s in shapes)
+        master = full * FP32 if compute != FP32 else 0
+        return ModelStates(params=full * compute, grads=full * compute, optimizer=opt, master=master)
+    if layout.zero in (1, 2):
+        parts = [_ds_alignment_partition(sum(s.full_numel for s in g), world) for g in groups]
+        part = sum(parts)
+        opt = sum(optimizer.bytes_for(n) for n in parts)
+        grads = part * compute          # stage 1 too: DeepSpeed reduces into the partition either way
+        if layout.offload_optimizer:
+            grads = part * FP32
+        offloaded = (part * FP32 + opt + grads) if layout.offload_optimizer else 0
+        return ModelStates(params=full * compute, grads=grads, optimizer=opt, master=part * FP32,
+                           offloaded=offloaded)
+    part_sizes = [-(-s.full_numel // world) for s in shapes]
+    persistent = sum(s.full_numel for s in shapes if s.full_numel < persistence_threshold)
+    part = sum(part_sizes)
+    opt = sum(optimizer.bytes_for(sum(-(-s.full_numel // world) for s in g)) for g in groups)
+    master = part * FP32 if compute != FP32 or layout.offload_optimizer else 0
+    grads = part * (FP32 if layout.offload_optimizer else compute)
+    return ModelStates(params=(part + persistent) * compute, grads=grads, optimizer=opt, master=master,
+                       offloaded=(master + opt + grads) if layout.offload_optimizer else 0)
+
+
+def model_states(cfg, layout: Layout, shapes: list[ParamShape]) -> ModelStates:
+    """The model states of the rank holding `shapes` (the first rank of its tp and data-parallel groups)."""
+    optimizer = OptimizerKind.of(cfg.optimizer)
+    if layout.strategy == "deepspeed":
+        return deepspeed_model_states(shapes, layout, optimizer, cfg.parallel.stage3_param_persistence_threshold)
+    return torch_model_states(shapes, layout, optimizer)

@@ -1,0 +1,156 @@
+"""One plan: per-rank memory, communication, pipeline bubble and step time of a validated job."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from framework.models.spec import spec_for
+from framework.plan import activations
+from framework.plan.comm import comm_bytes
+from framework.plan.hardware import Device
+from framework.plan.layout import Layout, layout_of
+from framework.plan.model_states import model_states
+from framework.plan.shapes import rank_parameters
+
+LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
+ALL_FORWARDS_FIRST = ("gpipe", "loopedbfs")
+ZERO_BUBBLE = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
+
+
+@dataclass
+class Plan:
+    layout: Layout
+    device: str
+    capacity_bytes: int
+    per_rank_bytes: dict
+    comm_bytes_per_step: dict
+    bubble: float
+    step_time_s: float
+    tokens_per_sec: float
+    mfu: float
+    fits: bool
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["layout"] = self.layout.describe()
+        return out
+
+
+def bubble(layout: Layout) -> float:
+    """The idle share of a pipeline step: (p-1)/(m+p-1), /v interleaved; zero-bubble schedules fill most."""
+    p, m, v = layout.pp, layout.pp_microbatches, layout.virtual_stages
+    if p == 1:
+        return 0.0
+    name = layout.pp_schedule.lower()
+    idle = (p - 1) / (v * m + p - 1)
+    return idle / 3 if name in ZERO_BUBBLE else idle
+
+
+def _in_flight(layout: Layout, pp_rank: int) -> float:
+    """Micro-batches whose activations a pipeline rank holds at its peak."""
+    m, p, v = layout.pp_microbatches, layout.pp, layout.virtual_stages
+    name = layout.pp_schedule.lower()
+    if name in ALL_FORWARDS_FIRST:
+        return m
+    held = min(m, p - pp_rank)
+    return held * (1 + (p - 1) / (p * v)) if name in LOOPED else held
+
+
+def _model_dims(cfg) -> tuple[int, int, int]:
+    m = cfg.model
+    hidden = m.get("dim") or m.get("n_embd") or m.get("hidden_size") or 0
+    vocab = m.get("vocab_size") or cfg.data.vocab_size
+    layers = m.get("n_layers") or m.get("num_hidden_layers") or 1
+    return int(hidden), int(vocab), int(layers)
+
+
+def _unit_numels(shapes) -> list[int]:
+    """Parameter elements per FSDP unit (a block, or the root's own parameters)."""
+    units: dict[str, int] = {}
+    for s in shapes:
+        parts = s.name.split(".")
+        key = ".".join(parts[:2]) if len(parts) > 2 and parts[1].isdigit() else "root"
+        units[key] = units.get(key, 0) + s.tp_numel
+    return list(units.values())
+
+
+def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
+    """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
+    profile = activations.measure(cfg, layout.micro_batch, layout.seq_len)
+    n_blocks = len(profile.blocks)
+    stages = layout.pp * layout.virtual_stages
+    per_stage = max(1, n_blocks // stages)
+    if layout.pp == 1:
+        ids, first, last = list(range(n_blocks)), True, True
+        held = profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
+    else:
+        from framework.parallel.pipeline import schedule_class, stage_ids
+        mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+        ids = [b for s in mine for b in range(s * per_stage, (s + 1) * per_stage)]
+        per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
+        held = int(per_mb * _in_flight(layout, pp_rank))
+    recompute = profile.block_full // layout.tp if layout.ac != "none" else 0
+    return held, recompute
+
+
+def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
+    units = _unit_numels(shapes) or [0]
+    gather = 4 if layout.precision == "fp32" else 2
+    total = recompute
+    tokens = layout.micro_batch * layout.seq_len
+    total += tokens * vocab * 4          # the fp32 logits' gradient, whole on every tp rank
+    if layout.strategy == "ddp" and not cfg.parallel.get("gradient_as_bucket_view", False):
+        total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
+    elif layout.strategy in ("fsdp", "3d") and layout.dp_shard > 1:
+        total += 2 * max(units) * gather + max(units) * 4  # gathered unit + prefetch, reduce-scatter input
+    elif layout.strategy == "deepspeed":
+        if layout.zero == 3:
+            total += 4 * max(units) + min(cfg.parallel.stage3_prefetch_bucket_size, sum(units)) * layout.compute_bytes
+        elif layout.zero in (1, 2):
+            total += min(cfg.parallel.reduce_bucket_size, sum(units)) * layout.compute_bytes
+    return total
+
+
+def _peak(device: Device, precision: str) -> float:
+    key = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "tf32" if device.name != "cpu" else "fp32")
+    return device.peak_flops.get(key) or device.peak_flops.get("fp32")
+
+
+def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
+    """The plan of the most loaded rank of a validated config on `world_size` processes."""
+    layout = layout_of(cfg, world_size)
+    hidden, vocab, n_layers = _model_dims(cfg)
+    best = None
+    for pp_rank in range(layout.pp):
+        shapes = rank_parameters(cfg, layout, pp_rank)
+        states = model_states(cfg, layout, shapes)
+        held, recompute = _activations(cfg, layout, pp_rank)
+        buffers = _buffers(cfg, layout, shapes, recompute, vocab)
+        per_rank = {"params": states.params, "grads": states.grads, "optimizer": states.optimizer,
+                    "master": states.master, "activations": held, "buffers": buffers,
+                    "offloaded": states.offloaded}
+        per_rank["total"] = states.total - states.offloaded + held + buffers
+        if best is None or per_rank["total"] > best[0]["total"]:
+            best = (per_rank, shapes)
+    per_rank, shapes = best
+    comm = comm_bytes(layout, shapes, hidden, vocab, n_layers)
+
+    spec = spec_for(cfg.model)
+    tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
+    flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
+    recompute = {"full": 4 / 3, "selective": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
+    peak = _peak(device, layout.precision)
+    compute_s = flops_per_token * tokens_per_step / world_size * recompute / (peak * device.efficiency)
+    idle = bubble(layout)
+    compute_s /= (1 - idle)
+    nodes_span = world_size > gpus_per_node
+    dp_bw = device.inter_bw if nodes_span else device.intra_bw
+    tp_s = sum(v for k, v in comm.items() if k.startswith("tp/")) / device.intra_bw
+    pp_s = sum(v for k, v in comm.items() if k.startswith("pp/")) / (device.inter_bw if nodes_span else device.intra_bw)
+    dp_s = sum(v for k, v in comm.items() if k.startswith("dp")) * 2 / dp_bw
+    overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
+    step_s = compute_s + tp_s + pp_s + max(0.0, dp_s - overlap * compute_s)
+    tokens_per_sec = tokens_per_step / step_s
+    mfu = flops_per_token * tokens_per_sec / (world_size * peak)
+    return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
+                comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
+                mfu=mfu, fits=per_rank["total"] <= device.memory_bytes)

@@ -1,0 +1,99 @@
+"""Which parameter elements one rank holds, from shapes alone: the model is built on the meta device,
+split into the rank's pipeline stages by the model spec, and each parameter's tensor-parallel and
+data-parallel sharding is applied to its shape with the rules torch's DTensor uses (a dimension of
+size d over n ranks gives the first rank ceil(d / n) rows)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from framework.models.spec import spec_for
+from framework.plan.layout import Layout
+
+
+@dataclass(frozen=True)
+class ParamShape:
+    name: str
+    full: tuple[int, ...]        # the whole parameter
+    local: tuple[int, ...]       # what the first rank of its tp and data-parallel groups holds
+    tp_local: tuple[int, ...]    # after tensor parallelism, before data-parallel sharding
+    whole_grad: bool = False     # its gradient comes back replicated (a vocab-sharded embedding without FSDP)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.local)
+
+    @property
+    def grad_numel(self) -> int:
+        return self.full_numel if self.whole_grad else self.numel
+
+    @property
+    def tp_numel(self) -> int:
+        return math.prod(self.tp_local)
+
+    @property
+    def full_numel(self) -> int:
+        return math.prod(self.full)
+
+
+def chunk(size: int, ranks: int) -> int:
+    """Rows the first of `ranks` ranks holds of a dimension of `size` (torch.chunk / DTensor Shard)."""
+    return min(size, -(-size // ranks))
+
+
+def _tp_dim(module: nn.Module, attr: str, style) -> int | None:
+    """The dimension of `module.attr` a tensor-parallel style shards, None where it replicates."""
+    embedding = isinstance(module, nn.Embedding)
+    if isinstance(style, ColwiseParallel):
+        return 1 if embedding else 0
+    if isinstance(style, RowwiseParallel):
+        if embedding:
+            return 0
+        return 1 if attr == "weight" else None
+    return None
+
+
+def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
+    """The modules rank `pp_rank` of the pipeline holds, on the meta device."""
+    spec = spec_for(cfg.model)
+    with torch.device("meta"):
+        model = spec.build(cfg.model)
+    if layout.pp == 1:
+        return [model]
+    from framework.parallel.pipeline import schedule_class, stage_ids
+    stages = layout.pp * layout.virtual_stages
+    ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+    return [spec.pipeline_stage(model, i, stages) for i in ids]
+
+
+def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
+    """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
+    spec = spec_for(cfg.model)
+    tied = {name for pair in spec.tied_parameters(cfg.model) for name in pair}
+    shapes = []
+    for module in stage_modules(cfg, layout, pp_rank):
+        plan = spec.tensor_parallel_plan(module, layout.sequence_parallel) if layout.tp > 1 else {}
+        plan = plan or {}
+        for name, p in module.named_parameters():
+            owner, _, attr = name.rpartition(".")
+            full = tuple(p.shape)
+            tp_local = list(full)
+            style = plan.get(owner)
+            dim = _tp_dim(module.get_submodule(owner), attr, style) if style is not None else None
+            if dim is not None:
+                tp_local[dim] = chunk(full[dim], layout.tp)
+            local = list(tp_local)
+            fsdp = layout.strategy in ("fsdp", "3d") and layout.dp > 1
+            if layout.shards_params and layout.strategy in ("fsdp", "3d") and local:
+                local[0] = chunk(local[0], layout.dp_shard)
+            # DTensor's embedding backward (vocab-sharded, replicated input) returns a replicated gradient;
+            # FSDP's reduce-scatter puts it back in the parameter's layout.
+            # A tied embedding's gradient is summed with the head's, which keeps the sharded layout.
+            whole_grad = (dim is not None and isinstance(style, RowwiseParallel) and not fsdp
+                          and isinstance(module.get_submodule(owner), nn.Embedding) and name not in tied)
+            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad))
+    return shapes
