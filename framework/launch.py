@@ -95,6 +95,8 @@ def _remove_if_only_hydra_files(run_dir: str) -> None:
 def run(cfg: DictConfig, run_dir: str) -> float | None:
     """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
+        if cfg.parallel.name == "auto":
+            choose_auto_layout(cfg)
         strategy_cls = strategy_class(cfg.parallel.name)
         apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
         world_size = world_size_for(cfg, strategy_cls)
@@ -123,6 +125,24 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
     else:
         spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
     return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
+
+
+def choose_auto_layout(cfg: DictConfig) -> None:
+    """parallel=auto: the planner's fastest layout for this world and device replaces cfg.parallel (and
+    zero, activation checkpointing, micro-batch), so the resolved config.yaml holds the layout that ran."""
+    from framework.plan.auto import choose_layout
+    from framework.plan.check import planned_device
+    from framework.plan.hardware import measured_cpu
+    from framework.strategies.ddp import DDPStrategy
+    device = planned_device(cfg) or measured_cpu()
+    world = world_size_for(cfg, DDPStrategy)
+    per_node = cfg.planner.gpus_per_node or (world if device.name == "cpu" else 8)
+    text, _ = choose_layout(cfg, world, device, per_node)
+    if is_rank_zero():
+        print(text, file=sys.stderr)
+    if cfg.parallel.name in ("fsdp", "3d", "deepspeed") and cfg.launcher.nproc_per_node is None \
+            and not under_torchrun() and discover(os.environ) is None:
+        cfg.launcher.nproc_per_node = world
 
 
 def check_the_plan(cfg: DictConfig, world_size: int) -> None:

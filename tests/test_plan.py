@@ -160,3 +160,37 @@ def test_readme_plan_commands_run_as_written(tmp_path):
             assert json.loads(proc.stdout)["fits"] is True
         else:
             assert "per-rank memory" in proc.stdout and "fits" in proc.stdout
+
+
+def test_parallel_auto_is_deterministic_and_its_ranking_fits():
+    from framework.plan.auto import rank_layouts
+    from framework.plan.hardware import device_named
+    cfg = config("model=llama_125m", "parallel=ddp", "data.seq_len=1024", "precision=bf16", "trainer.global_batch_size=64",
+                 world=8)
+    cfg.parallel = {"name": "auto", "strategies": ["ddp", "fsdp", "deepspeed", "3d"], "top": 5}
+    first = rank_layouts(cfg, 8, device_named("h100"), 8)
+    again = rank_layouts(cfg, 8, device_named("h100"), 8)
+    assert [c for c, _ in first] == [c for c, _ in again]
+    times = [p.step_time_s for _, p in first]
+    assert times == sorted(times) and all(p.fits for _, p in first)
+    assert {c.strategy for c, _ in first} >= {"ddp", "fsdp", "deepspeed", "3d"}
+
+
+def test_parallel_auto_runs_its_pick_and_writes_it_to_the_resolved_config(tmp_path):
+    """README's parallel=auto command, as written (2 steps), from another directory."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from tests.helpers import check_ok, read_metrics
+    command = next(line.strip() for line in (REPO / "README.md").read_text().splitlines()
+                   if line.strip().startswith("python -m framework parallel=auto"))
+    proc = run_in_own_session([sys.executable, *command.split()[1:], "trainer.max_steps=2", "trainer.eval_batches=1",
+                               "trainer.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    check_ok(proc)
+    assert "parallel=auto: " in proc.stderr and "picked #1: " in proc.stderr
+    picked = next(line for line in proc.stderr.splitlines() if line.strip().startswith("1 ")).split()[1]
+    resolved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert picked == f"parallel={resolved.parallel.name}" and resolved.parallel.name != "auto"
+    assert read_metrics(tmp_path / "run")[-1]["world_size"] == 2

@@ -17,6 +17,7 @@ from tests.helpers import REPO, run_in_own_session
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
 NEEDS_USER_FILES = ("data.path", "initial_load", "checkpoint.resume=", "outputs/", "model.pretrained=")
 NEEDS_A_CLUSTER = ("hydra/launcher=slurm",)
+RUN_BY_TEST_PLAN = ("parallel=auto",)   # test_plan runs it as written and checks the pick it wrote down
 
 
 def readme_commands() -> list[str]:
@@ -26,7 +27,7 @@ def readme_commands() -> list[str]:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith("python -m framework ") or line == "python -m framework":
-                if not any(marker in line for marker in NEEDS_USER_FILES + NEEDS_A_CLUSTER):
+                if not any(marker in line for marker in NEEDS_USER_FILES + NEEDS_A_CLUSTER + RUN_BY_TEST_PLAN):
                     commands.append(line)
     return commands
 

@@ -27,6 +27,14 @@ class ParallelConfig:
 
 
 @dataclass
+class AutoParallelConfig(ParallelConfig):
+    """parallel=auto: the planner picks the layout (strategy, zero, degrees, schedule, AC, micro-batch)."""
+    name: str = "auto"
+    strategies: list[str] = field(default_factory=lambda: ["single", "ddp", "fsdp", "deepspeed", "3d"])
+    top: int = 5                            # layouts printed, best first
+
+
+@dataclass
 class ZeroConfig:
     stage: int = 0
     offload_optimizer: bool = False

@@ -15,6 +15,7 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=schema.Config)
     for name, cls in all_strategy_classes().items():
         cs.store(group="schema/parallel", name=name, node=cls.options)
+    cs.store(group="schema/parallel", name="auto", node=schema.AutoParallelConfig)
     cs.store(group="schema/zero", name="zero", node=schema.ZeroConfig)
     cs.store(group="schema/precision", name="precision", node=schema.PrecisionConfig)
     cs.store(group="schema/activation_checkpointing", name="ac", node=schema.ActivationCheckpointingConfig)

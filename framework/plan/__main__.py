@@ -24,25 +24,33 @@ from framework.plan.report import table
 from framework.strategies.registry import strategy_class
 
 
-def plan_for(overrides: list[str]) -> Plan:
+def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
+    """The plan of the job (with parallel=auto: of the layout it picks, and the ranking as text)."""
     from framework.launch import world_size_for
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=overrides)
     OmegaConf.set_struct(cfg, False)
+    device = planned_device(cfg) or measured_cpu()
+    auto = None
+    if cfg.parallel.name == "auto":
+        from framework.plan.auto import choose_layout
+        from framework.strategies.ddp import DDPStrategy
+        world, per_node = planned_world(cfg, world_size_for(cfg, DDPStrategy), device)
+        auto, _ = choose_layout(cfg, world, device, per_node)
     strategy_cls = strategy_class(cfg.parallel.name)
     apply_dataset_manifests(cfg, model_vocab_given=any(o.startswith("model.vocab_size=") for o in overrides))
-    device = planned_device(cfg) or measured_cpu()
-    world, per_node = planned_world(cfg, world_size_for(cfg, strategy_cls), device)
+    if auto is None:
+        world, per_node = planned_world(cfg, world_size_for(cfg, strategy_cls), device)
     validate(cfg, world, strategy_cls)
-    return make_plan(cfg, world, device, per_node)
+    return make_plan(cfg, world, device, per_node), auto
 
 
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
     overrides = [a for a in argv if a != "--json"]
     try:
-        plan = plan_for(overrides)
+        plan, auto = plan_for(overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.USAGE
@@ -51,7 +59,10 @@ def main(argv: list[str]) -> int:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return exit_codes.USAGE
         raise
-    print(json.dumps(plan.as_json()) if as_json else table(plan))
+    if as_json:
+        print(json.dumps(plan.as_json()))
+    else:
+        print(f"{auto}\n\n{table(plan)}" if auto else table(plan))
     return 0
 
 

@@ -52,3 +52,27 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
         boundary = tokens * hidden * act // (layout.tp if layout.sequence_parallel else 1)
         out["pp/send_recv"] = 2 * layout.pp_microbatches * layout.virtual_stages * boundary
     return out
+
+
+def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int,
+                     bucket_bytes: int = 25 * 1024 * 1024) -> dict[str, int]:
+    """Collectives launched per step by mesh dimension: each pays a fixed latency, which dominates
+    small messages (gloo on a CPU: milliseconds)."""
+    mb = layout.accumulation
+    calls = {"tp": 0, "pp": 0, "dp": 0}
+    if layout.dp > 1:
+        buckets = max(1, -(-param_bytes // bucket_bytes))
+        if layout.strategy in ("ddp", "deepspeed") and layout.zero < 3:
+            calls["dp"] = buckets * (mb if layout.strategy == "deepspeed" else 1) + (buckets if layout.zero else 0)
+        elif layout.strategy == "deepspeed" or layout.dp_shard > 1:
+            gathers = 2 if layout.zero == 3 else 1
+            calls["dp"] = mb * units * (gathers + 1 + (1 if layout.dp_replicate > 1 else 0))
+        else:
+            calls["dp"] = buckets
+    layers = n_layers // layout.pp
+    if layout.tp > 1:
+        forwards = mb * (2 if layout.ac != "none" else 1)
+        calls["tp"] = (forwards + mb) * 2 * layers * (2 if layout.sequence_parallel else 1) + 2 * mb
+    if layout.pp > 1:
+        calls["pp"] = 2 * layout.pp_microbatches * layout.virtual_stages
+    return calls

@@ -15,6 +15,9 @@ from framework.metrics.mfu import GPU_PEAK_FLOPS
 
 GB = 1e9
 GIB = 1024 ** 3
+# gloo between processes sharing a few cores: one collective (FSDP unit gather, TP all-reduce) costs
+# about 2 ms however small, as benchmarks/plan_step_time.py measures on a 2-core machine
+CPU_COLLECTIVE_LATENCY_S = 2e-3
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,18 @@ class Device:
     inter_bw: float             # per GPU, per direction, across nodes
     fp8_flops: float = 0.0
     efficiency: float = 0.55    # the share of peak a well-fed transformer step reaches (MFU ceiling)
+    op_overhead_s: float = 5e-6  # fixed cost of one kernel launch / operator call, whatever its size
+    pcie_bw: float = 25 * GB     # device <-> host, for offloaded states
+    collective_latency_s: float = 30e-6   # fixed cost of one collective (NCCL small-message latency)
+    host_bw: float = 100 * GB    # host memory, where an offloaded optimizer steps
+    cores: int = 0               # CPU: the cores workers share (0: every worker has its own device)
+
+    def worker_peak(self, dtype_peak: float, world: int) -> float:
+        """FLOP/s one of `world` workers gets: the whole device, or its share of the CPU's cores."""
+        if not self.cores:
+            return dtype_peak
+        per_core = dtype_peak / self.cores
+        return per_core * max(1, self.cores // world) / max(1.0, world / self.cores)
 
 
 _GPUS = {
@@ -83,8 +98,17 @@ def measured_cpu() -> Device:
         y.copy_(x)
         reps += 1
     copy_bw = x.numel() * 4 * reps / (time.perf_counter() - start)
+    small = torch.ones(8)
+    start, reps = time.perf_counter(), 0
+    while time.perf_counter() - start < 0.05:
+        small.add(small)
+        reps += 1
+    op_overhead = (time.perf_counter() - start) / reps
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # bf16 matmuls on a CPU without AMX run several times slower than fp32
     peaks = {"fp32": flops, "tf32": flops, "bf16": flops / 4, "fp16": flops / 4}
-    # gloo over loopback moves tensors at a fraction of a memory copy
-    return Device("cpu", memory, peaks, copy_bw, copy_bw / 8, copy_bw / 8, efficiency=1.0)
+    # gloo over loopback moves tensors at a fraction of a memory copy; a transformer step's mix of
+    # matmuls and element-wise ops reaches about 0.6 of the big-matmul rate (benchmarks/plan_step_time.py)
+    return Device("cpu", memory, peaks, copy_bw, copy_bw / 4, copy_bw / 4, efficiency=0.6, op_overhead_s=op_overhead,
+                  pcie_bw=copy_bw, host_bw=copy_bw, cores=torch.get_num_threads(),
+                  collective_latency_s=CPU_COLLECTIVE_LATENCY_S)

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 from framework.models.spec import spec_for
 from framework.plan import activations
-from framework.plan.comm import comm_bytes
+from framework.plan.comm import collective_calls, comm_bytes
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
 from framework.plan.model_states import model_states
@@ -13,6 +13,7 @@ from framework.plan.shapes import rank_parameters
 
 LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
 ALL_FORWARDS_FIRST = ("gpipe", "loopedbfs")
+OPS_PER_BLOCK = 120      # operator calls of one transformer block, forward and backward
 ZERO_BUBBLE = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
 
 
@@ -28,6 +29,7 @@ class Plan:
     tokens_per_sec: float
     mfu: float
     fits: bool
+    time_s: dict            # compute (bubble and recompute included) and exposed tp / pp / dp communication
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -75,20 +77,21 @@ def _unit_numels(shapes) -> list[int]:
 
 def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
-    profile = activations.measure(cfg, layout.micro_batch, layout.seq_len)
+    profile = activations.measure(cfg, 1, layout.seq_len)     # every activation grows with the micro-batch
+    scale = layout.micro_batch
     n_blocks = len(profile.blocks)
     stages = layout.pp * layout.virtual_stages
     per_stage = max(1, n_blocks // stages)
     if layout.pp == 1:
         ids, first, last = list(range(n_blocks)), True, True
-        held = profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
+        held = scale * profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
     else:
         from framework.parallel.pipeline import schedule_class, stage_ids
         mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
         ids = [b for s in mine for b in range(s * per_stage, (s + 1) * per_stage)]
         per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
-        held = int(per_mb * _in_flight(layout, pp_rank))
-    recompute = profile.block_full // layout.tp if layout.ac != "none" else 0
+        held = int(scale * per_mb * _in_flight(layout, pp_rank))
+    recompute = scale * profile.block_full // layout.tp if layout.ac != "none" else 0
     return held, recompute
 
 
@@ -120,7 +123,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     layout = layout_of(cfg, world_size)
     hidden, vocab, n_layers = _model_dims(cfg)
     best = None
-    for pp_rank in range(layout.pp):
+    for pp_rank in sorted({0, layout.pp - 1}):     # the ends: embedding / head and most micro-batches in flight
         shapes = rank_parameters(cfg, layout, pp_rank)
         states = model_states(cfg, layout, shapes)
         held, recompute = _activations(cfg, layout, pp_rank)
@@ -139,18 +142,31 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
     recompute = {"full": 4 / 3, "selective": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)
-    compute_s = flops_per_token * tokens_per_step / world_size * recompute / (peak * device.efficiency)
+    compute_s = (flops_per_token * tokens_per_step / world_size * recompute
+                 / (device.worker_peak(peak, world_size) * device.efficiency))
+    # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are cheaper
+    blocks = n_layers // layout.pp
+    compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
     idle = bubble(layout)
     compute_s /= (1 - idle)
     nodes_span = world_size > gpus_per_node
     dp_bw = device.inter_bw if nodes_span else device.intra_bw
     tp_s = sum(v for k, v in comm.items() if k.startswith("tp/")) / device.intra_bw
     pp_s = sum(v for k, v in comm.items() if k.startswith("pp/")) / (device.inter_bw if nodes_span else device.intra_bw)
-    dp_s = sum(v for k, v in comm.items() if k.startswith("dp")) * 2 / dp_bw
+    # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
+    dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
-    step_s = compute_s + tp_s + pp_s + max(0.0, dp_s - overlap * compute_s)
+    calls = collective_calls(layout, len(_unit_numels(shapes)), per_rank["params"], n_layers)
+    tp_s += calls["tp"] * device.collective_latency_s
+    pp_s += calls["pp"] * device.collective_latency_s
+    dp_s += calls["dp"] * device.collective_latency_s
+    exposed_dp = max(0.0, dp_s - overlap * compute_s)
+    # offloaded states: gradients down and parameters up over PCIe, the optimizer step in host memory
+    offload_s = per_rank["offloaded"] * (6 / 16) / device.pcie_bw + per_rank["offloaded"] * 2 / device.host_bw
+    step_s = compute_s + tp_s + pp_s + exposed_dp + offload_s
     tokens_per_sec = tokens_per_step / step_s
-    mfu = flops_per_token * tokens_per_sec / (world_size * peak)
+    mfu = flops_per_token * tokens_per_sec / (world_size * device.worker_peak(peak, world_size))
     return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
-                mfu=mfu, fits=per_rank["total"] <= device.memory_bytes)
+                mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
+                time_s={"compute": compute_s, "tp": tp_s, "pp": pp_s, "dp": exposed_dp, "offload": offload_s})

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -57,11 +58,22 @@ def _tp_dim(module: nn.Module, attr: str, style) -> int | None:
     return None
 
 
+_META: dict[str, nn.Module] = {}
+_SHAPES: dict[tuple, list] = {}
+
+
+def _meta_model(cfg) -> nn.Module:
+    key = OmegaConf.to_yaml(cfg.model)
+    if key not in _META:
+        with torch.device("meta"):
+            _META[key] = spec_for(cfg.model).build(cfg.model)
+    return _META[key]
+
+
 def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
     """The modules rank `pp_rank` of the pipeline holds, on the meta device."""
     spec = spec_for(cfg.model)
-    with torch.device("meta"):
-        model = spec.build(cfg.model)
+    model = _meta_model(cfg)
     if layout.pp == 1:
         return [model]
     from framework.parallel.pipeline import schedule_class, stage_ids
@@ -72,6 +84,14 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
 
 def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
+    key = (OmegaConf.to_yaml(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
+           layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank)
+    if key not in _SHAPES:
+        _SHAPES[key] = _rank_parameters(cfg, layout, pp_rank)
+    return _SHAPES[key]
+
+
+def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
     spec = spec_for(cfg.model)
     tied = {name for pair in spec.tied_parameters(cfg.model) for name in pair}
     shapes = []

@@ -1,0 +1,73 @@
+"""The planner's step time next to the measured one on this CPU (gloo), layout by layout.
+
+    python benchmarks/plan_step_time.py [--rounds 2] [--steps 12] [--model small]
+
+Each round runs every layout once (rounds interleave, so a slow minute hits all layouts alike); the
+measured step time is the median `step_time` of the steps after the first three. The plan uses this
+CPU measured on the spot (matmul FLOP/s, copy bandwidth, operator overhead). Prints predicted and
+measured seconds, their ratio per round, and the median and spread of the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from framework.plan.__main__ import plan_for  # noqa: E402
+
+LAYOUTS = {
+    "single": ["parallel=single"],
+    "ddp": ["parallel=ddp"],
+    "ddp_zero1": ["parallel=ddp", "zero=stage1"],
+    "fsdp_zero2": ["parallel=fsdp", "zero=stage2"],
+    "fsdp_zero3": ["parallel=fsdp", "zero=stage3"],
+    "deepspeed_zero2": ["parallel=deepspeed", "zero=stage2"],
+    "3d_tp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1"],
+    "3d_pp2": ["parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=1"],
+}
+
+
+def measured(args: list[str], steps: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "framework", *args, f"trainer.max_steps={steps}", "trainer.log_every=1",
+               "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false",
+               "checkpoint.enabled=false", f"hydra.run.dir={tmp}/run"]
+        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
+        times = [json.loads(line)["step_time"] for line in open(f"{tmp}/run/metrics.jsonl")]
+    return statistics.median(times[3:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--model", default="small")
+    opts = ap.parse_args()
+    common = [f"model={opts.model}", "data.seq_len=128", "trainer.global_batch_size=16", "trainer.micro_batch_size=4"]
+    predicted = {name: plan_for([*common, *args])[0].step_time_s for name, args in LAYOUTS.items()}
+    ratios: dict[str, list[float]] = {name: [] for name in LAYOUTS}
+    got: dict[str, list[float]] = {name: [] for name in LAYOUTS}
+    for _ in range(opts.rounds):
+        for name, args in LAYOUTS.items():
+            t = measured([*common, *args], opts.steps)
+            got[name].append(t)
+            ratios[name].append(predicted[name] / t)
+    print(f"{'layout':<18}{'predicted s':>12}{'measured s':>12}{'ratio':>8}{'spread':>8}")
+    for name in LAYOUTS:
+        r = ratios[name]
+        print(f"{name:<18}{predicted[name]:>12.4f}{statistics.median(got[name]):>12.4f}{statistics.median(r):>8.2f}"
+              f"{max(r) - min(r):>8.2f}")
+    all_r = [statistics.median(r) for r in ratios.values()]
+    print(f"median ratio {statistics.median(all_r):.2f}; within 25%: "
+          f"{sum(0.75 <= x <= 1.25 for x in all_r)}/{len(all_r)} layouts")
+
+
+if __name__ == "__main__":
+    main()

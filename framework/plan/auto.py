@@ -1,0 +1,190 @@
+"""parallel=auto: enumerate the layouts a world size allows, keep those that divide and fit, rank them
+by predicted step time, and rewrite the config to the winner (deterministic: ties go to the simpler
+layout, listed first)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from framework.config.errors import ConfigError
+from framework.models.spec import spec_for
+from framework.plan.hardware import Device
+from framework.plan.planner import Plan, make_plan
+from framework.strategies.registry import strategy_class
+
+SCHEDULES = ("1F1B", "Interleaved1F1B")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: str
+    zero: int
+    parallel: tuple           # (key, value) pairs for parallel.*
+    ac: str
+    micro_batch: int
+    offload: bool = False     # DeepSpeed: optimizer states (and their fp32 master) in host memory
+
+    def overrides(self) -> list[str]:
+        out = [f"parallel={self.strategy}"]
+        if self.zero:
+            out.append(f"zero=stage{self.zero}")
+        if self.offload:
+            out.append("zero.offload_optimizer=true")
+        out += [f"parallel.{k}={v}" for k, v in self.parallel]
+        if self.ac != "none":
+            out.append(f"activation_checkpointing={self.ac}")
+        out.append(f"trainer.micro_batch_size={self.micro_batch}")
+        return out
+
+    def describe(self) -> str:
+        """The overrides that differ from the strategy's defaults, for people."""
+        p = dict(self.parallel)
+        keep = []
+        for key, value in self.parallel:
+            if key in ("dp_replicate",) and value == 1 or key == "pp_virtual_stages" and value == 1 \
+                    or key == "pp_schedule" and p.get("pp", 1) == 1 or key == "sequence_parallel" and not value \
+                    or key == "dp_shard" and self.strategy == "fsdp" and p.get("dp_replicate", 1) == 1:
+                continue
+            keep.append(f"{key}={value}")
+        head = [f"parallel={self.strategy}"] + ([f"zero=stage{self.zero}"] if self.zero else []) \
+            + (["offload_optimizer"] if self.offload else [])
+        tail = ([f"ac={self.ac}"] if self.ac != "none" else []) + [f"micro_batch={self.micro_batch}"]
+        return " ".join(head + keep + tail)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _micro_batches(global_batch: int, dp: int) -> list[int]:
+    share = global_batch // dp if global_batch % dp == 0 else 0
+    return [m for m in _divisors(share) if m & (m - 1) == 0 or m == share]
+
+
+def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Candidate]:
+    spec = spec_for(cfg.model)
+    layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 1
+    acs = ("none", "selective", "full") if spec.has_blocks(cfg.model) else ("none",)
+    gb = cfg.trainer.global_batch_size
+    out: list[Candidate] = []
+
+    def add(strategy, zero, parallel, dp, offload=False):
+        for ac in acs:
+            for mb in _micro_batches(gb, dp):
+                out.append(Candidate(strategy, zero, tuple(parallel), ac, mb, offload))
+
+    if "single" in strategies and world == 1:
+        add("single", 0, [], 1)
+    if world > 1:
+        if "ddp" in strategies:
+            for zero in (0, 1):
+                add("ddp", zero, [], world)
+        if "fsdp" in strategies:
+            for zero in (2, 3):
+                add("fsdp", zero, [("dp_replicate", 1), ("dp_shard", world)], world)
+                if world > per_node and world % per_node == 0:
+                    add("fsdp", zero, [("dp_replicate", world // per_node), ("dp_shard", per_node)], world)
+        if "deepspeed" in strategies:
+            for zero in (1, 2, 3):
+                add("deepspeed", zero, [], world)
+            for zero in (2, 3):
+                add("deepspeed", zero, [], world, offload=True)
+        if "3d" in strategies and spec.init_by_name:
+            for tp in _divisors(min(world, per_node)):
+                for pp in _divisors(world // tp):
+                    if tp == pp == 1 or (pp > 1 and layers % pp):
+                        continue
+                    dp = world // (tp * pp)
+                    schedules = [("1F1B", 1)]
+                    if pp > 1 and layers % (2 * pp) == 0:
+                        schedules.append(("Interleaved1F1B", 2))
+                    for schedule, virtual in schedules:
+                        for sp in ((False, True) if tp > 1 else (False,)):
+                            for zero in ((3,) if dp > 1 else (0,)):
+                                parallel = [("tp", tp), ("pp", pp), ("dp_replicate", 1), ("dp_shard", dp),
+                                            ("pp_schedule", schedule), ("pp_virtual_stages", virtual),
+                                            ("sequence_parallel", sp)]
+                                add("3d", zero, parallel, dp)
+    return out
+
+
+def apply(cfg, cand: Candidate) -> DictConfig:
+    """A copy of cfg with the candidate's layout (parallel.* from the strategy's own schema)."""
+    cls = strategy_class(cand.strategy)
+    trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    parallel = OmegaConf.to_container(OmegaConf.structured(cls.options), resolve=True)
+    parallel.update(dict(cand.parallel))
+    trial.parallel = parallel
+    trial.zero.stage = cand.zero
+    trial.zero.offload_optimizer = cand.offload
+    trial.activation_checkpointing.mode = cand.ac
+    trial.trainer.micro_batch_size = cand.micro_batch
+    return trial
+
+
+def _checked(trial, world: int) -> bool:
+    cls = strategy_class(trial.parallel.name)
+    try:
+        cls.validate(trial, world)
+        cls.validate_batch(trial, world)
+    except ConfigError:
+        return False
+    return True
+
+
+def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[Candidate, Plan]]:
+    """Every candidate that validates and fits, fastest first (stable: enumeration order breaks ties)."""
+    ranked = []
+    for cand in candidates(cfg, world, per_node, list(cfg.parallel.strategies)):
+        trial = apply(cfg, cand)
+        if not _checked(trial, world):
+            continue
+        plan = make_plan(trial, world, device, per_node)
+        if plan.fits:
+            ranked.append((cand, plan))
+    ranked.sort(key=lambda cp: (round(cp[1].step_time_s, 12), cp[1].per_rank_bytes["total"]))
+    if not ranked:
+        raise ConfigError("parallel", f"parallel=auto: no layout of {world} x {device.name} fits this model and "
+                                      f"batch; add devices or lower trainer.global_batch_size")
+    return ranked
+
+
+def _why(best: Plan, second: Plan | None) -> str:
+    if second is None:
+        return "the only layout that fits"
+    if second.step_time_s <= best.step_time_s * (1 + 1e-9):
+        return "tied with #2 on predicted step time; it needs less memory"
+    a, b = best.time_s, second.time_s
+    diffs = {k: b[k] - a[k] for k in a}
+    key = max(diffs, key=diffs.get)
+    reason = {"compute": "less compute time (fewer micro-batches, less recomputation, smaller bubble)",
+              "tp": "less tensor-parallel traffic", "pp": "less pipeline traffic",
+              "dp": "less exposed data-parallel traffic", "offload": "less offload traffic"}[key]
+    return f"{(second.step_time_s / best.step_time_s - 1):.1%} faster than the next: {reason}"
+
+
+def report(ranked: list[tuple[Candidate, Plan]], top: int) -> str:
+    gib = 1024 ** 3
+    lines = [f"parallel=auto: {len(ranked)} layouts fit; the best {min(top, len(ranked))}:",
+             f"  {'#':<3}{'layout':<72}{'memory':>10}{'step s':>10}{'tokens/s':>12}{'MFU':>7}"]
+    for i, (cand, plan) in enumerate(ranked[:top], 1):
+        lines.append(f"  {i:<3}{cand.describe():<72}{plan.per_rank_bytes['total'] / gib:>8.2f}G"
+                     f"{plan.step_time_s:>10.4g}{plan.tokens_per_sec:>12,.0f}{plan.mfu:>7.1%}")
+    second = ranked[1][1] if len(ranked) > 1 else None
+    lines.append(f"picked #1: {_why(ranked[0][1], second)}")
+    return "\n".join(lines)
+
+
+def choose_layout(cfg, world: int, device: Device, per_node: int) -> tuple[str, list]:
+    """Rewrite cfg (in place) to the fastest layout that fits; return the report and the ranking."""
+    ranked = rank_layouts(cfg, world, device, per_node)
+    top = cfg.parallel.top
+    best = apply(cfg, ranked[0][0])
+    with open_dict(cfg):
+        cfg.parallel = best.parallel
+        cfg.zero.stage = best.zero.stage
+        cfg.zero.offload_optimizer = best.zero.offload_optimizer
+        cfg.activation_checkpointing.mode = best.activation_checkpointing.mode
+        cfg.trainer.micro_batch_size = best.trainer.micro_batch_size
+    return report(ranked, top), ranked
