@@ -8,11 +8,8 @@ and print predicted and measured tokens/s side by side (median of the steps afte
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,18 +19,13 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from framework.config.paths import CONFIG_DIR  # noqa: E402
 from framework.config.store import register_configs  # noqa: E402
+from benchmarks.job_metrics import job_metrics  # noqa: E402
 from framework.plan.auto import rank_layouts  # noqa: E402
 from framework.plan.hardware import measured_cpu  # noqa: E402
 
 
 def tokens_per_sec(args: list[str], steps: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "framework", *args, f"trainer.max_steps={steps}", "trainer.log_every=1",
-               "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false",
-               "checkpoint.enabled=false", f"hydra.run.dir={tmp}/run"]
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
-        records = [json.loads(line) for line in open(f"{tmp}/run/metrics.jsonl")]
-    return statistics.median(r["tokens_per_sec"] for r in records[3:])
+    return statistics.median(r["tokens_per_sec"] for r in job_metrics(args, steps)[3:])
 
 
 def main() -> None:

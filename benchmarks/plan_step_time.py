@@ -10,16 +10,14 @@ measured seconds, their ratio per round, and the median and spread of the ratio.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.job_metrics import job_metrics  # noqa: E402
 from framework.plan.__main__ import plan_for  # noqa: E402
 
 LAYOUTS = {
@@ -35,13 +33,7 @@ LAYOUTS = {
 
 
 def measured(args: list[str], steps: int) -> float:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "framework", *args, f"trainer.max_steps={steps}", "trainer.log_every=1",
-               "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false",
-               "checkpoint.enabled=false", f"hydra.run.dir={tmp}/run"]
-        subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
-        times = [json.loads(line)["step_time"] for line in open(f"{tmp}/run/metrics.jsonl")]
-    return statistics.median(times[3:])
+    return statistics.median(r["step_time"] for r in job_metrics(args, steps)[3:])
 
 
 def main() -> None:
