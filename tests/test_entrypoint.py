@@ -76,7 +76,7 @@ def test_help_lists_only_what_a_user_picks():
     proc = run_in_own_session([sys.executable, "-m", "framework", "--help"], cwd=REPO, timeout=60)
     check_ok(proc)
     assert "schema" not in proc.stdout
-    for line in ("parallel: 3d, ddp, deepspeed, fsdp, single*", "zero: none*, stage1, stage2, stage3",
+    for line in ("parallel: 3d, auto, ddp, deepspeed, fsdp, single*", "zero: none*, stage1, stage2, stage3",
                  "+recipe: cpu_small_ddp"):
         assert line in proc.stdout, proc.stdout
 

@@ -33,6 +33,6 @@ def help_text() -> str:
         marked = [f"{o}*" if chosen.get(group) == o else o for o in options]
         prefix = "+" if group not in chosen else ""
         lines.append(f"  {prefix}{group}: {', '.join(marked)}")
-    lines.append("\nOther sections: trainer.*, checkpoint.*, launcher.*, logging.*, seed, device; "
+    lines.append("\nOther sections: trainer.*, checkpoint.*, launcher.*, logging.*, planner.*, seed, device; "
                  "see README.md. Hydra's own options: --hydra-help.")
     return "\n".join(lines)
