@@ -13,6 +13,7 @@ from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
+from framework.metrics.compile_stats import RecompileWatch, compile_stats
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
@@ -89,6 +90,8 @@ class Trainer:
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
         profiler = StepProfiler(t.profile, self.run_dir, s.rank, s.device)
         prefetch = BatchPrefetcher(lambda step: self._local_micro_batches(self.train_data, step))
+        compiled = compile_stats() if t.compile else None
+        recompiles = RecompileWatch()
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
@@ -109,6 +112,15 @@ class Trainer:
                         raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; "
                                                  f"trainer.on_nonfinite=skip would skip such steps")
                 elapsed = time.perf_counter() - start
+                compile_record = {}
+                if compiled is not None:
+                    # compilation is reported on its own: step_time and tokens/s are the compiled step's
+                    now = compile_stats()
+                    compile_record = {"compile_time": now["compile_time"] - compiled["compile_time"],
+                                      "compiled_graphs": now["compiled_graphs"]}
+                    elapsed = max(elapsed - compile_record["compile_time"], 1e-9)
+                    compiled = now
+                    recompiles.check(self.step + 1, now["compiled_graphs"], s.is_main)
                 profiler.after_step(self.step + 1)
                 prefetch.observe(data_time, elapsed)
                 self.step += 1
@@ -127,6 +139,7 @@ class Trainer:
                         **s.memory_breakdown(),
                         **s.step_metrics(),
                         **self.train_data.consumed(self.step),
+                        **compile_record,
                     }
                     if do_eval:
                         faults.inject("eval", self.step)

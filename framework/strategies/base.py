@@ -20,6 +20,7 @@ from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
+from framework.parallel.compile import compile_blocks
 from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
@@ -67,6 +68,8 @@ class Strategy:
     model_parallel_dims: tuple[str, ...] = ()
     #: why a precision is missing from `precisions`, added to the error
     precision_note = ""
+    #: why trainer.compile cannot work under this strategy ("" = it can)
+    compile_note = ""
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
@@ -92,6 +95,8 @@ class Strategy:
             raise ConfigError("activation_checkpointing",
                               f"parallel={cls.name} does not support activation_checkpointing="
                               f"{cfg.activation_checkpointing.mode} yet")
+        if cfg.trainer.compile and cls.compile_note:
+            raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
         for key in ("tp", "pp"):
             if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
@@ -258,6 +263,7 @@ class TorchStrategy(Strategy):
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         model = model_factory().to(self.device)
         checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
+        compile_blocks(model, self.cfg, model_factory.spec)
         self.model = self.wrap_model(model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)

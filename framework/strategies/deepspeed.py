@@ -34,6 +34,8 @@ class DeepSpeedStrategy(Strategy):
     zero_support = {0: None, 1: None, 2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = AC_MODES
+    compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
+                    "drive yet; parallel=fsdp zero=stage3 compiles per block")
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
