@@ -4,7 +4,9 @@ SLURM sends SIGTERM (or the signal of `--signal`) before a time limit or preempt
 sends SIGTERM before it kills a pod. The handler only notes that the signal came. The trainer asks
 `stop_requested()` after every step, which all-reduces the note, so all ranks stop after the same
 step even when the signal reached only some of them; the trainer then saves a checkpoint and the
-worker exits with exit_codes.REQUEUE.
+worker exits with exit_codes.REQUEUE. The vote is all-reduced in the background and read one step
+later, so that no step waits for the device (on a GPU, reading it at once would stall the host every
+step); every rank reads the same vote after the same step, so they still stop together.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class PreemptionWatch:
         self.received: str | None = None
         self.signum: int | None = None
         self._previous = {}
+        self._vote = None        # (work, flag) of the all-reduce started after the previous step
         if threading.current_thread() is not threading.main_thread():
             return   # Python delivers signals to the main thread only; whoever runs us there handles them
         for name in signal_names:
@@ -48,14 +51,30 @@ class PreemptionWatch:
         self.signum = signum
 
     def stop_requested(self) -> bool:
-        """True on every rank if any rank received a signal (a collective: call it on all ranks)."""
+        """True on every rank once any rank received a signal (a collective: all ranks call it after
+        every step). Reads the vote started after the previous step, then starts this step's."""
         if not dist.is_initialized():
             return self.received is not None
+        stop = False
+        if self._vote is not None:
+            work, flag = self._vote
+            work.wait()
+            stop = bool(flag.item())
+        if stop:
+            self._vote = None
+            if self.received is None:
+                self.received = "a peer's signal"
+            return True
         flag = torch.tensor([0 if self.received is None else 1], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and self.received is None:
-            self.received = "a peer's signal"
-        return bool(flag.item())
+        self._vote = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
+        return False
+
+    def finish(self) -> None:
+        """At the end of a run every rank waits for the last vote it started (never on a failure: a
+        dead peer would never answer it)."""
+        if self._vote is not None:
+            self._vote[0].wait()
+            self._vote = None
 
     def close(self) -> None:
         for number, handler in self._previous.items():

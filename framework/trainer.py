@@ -14,6 +14,7 @@ from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
 from framework.metrics.compile_stats import RecompileWatch, compile_stats
+from framework.metrics.interval import LogInterval
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
@@ -21,6 +22,7 @@ from framework.metrics.profile import StepProfiler
 from framework.metrics.samples import TextSampler
 from framework.metrics.summary import run_summary
 from framework.models.factory import ModelFactory
+from framework.nonfinite import NonFiniteLoss
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.preemption import Preempted, PreemptionWatch
@@ -92,72 +94,85 @@ class Trainer:
         prefetch = BatchPrefetcher(lambda step: self._local_micro_batches(self.train_data, step))
         compiled = compile_stats() if t.compile else None
         recompiles = RecompileWatch()
+        interval = LogInterval()
+        nonfinite = NonFiniteLoss()
+        compile_spent, graphs = 0.0, 0
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
-                profiler.before_step(self.step + 1)
+                step = self.step + 1
+                is_last = step == last_step
+                do_eval = t.eval_every and (step % t.eval_every == 0 or is_last)
+                do_sample = t.sample_every and step % t.sample_every == 0
+                logs = do_eval or do_sample or is_last or step == 1 or step % t.log_every == 0
+                profiler.before_step(step)
                 start = time.perf_counter()
-                with profiler.step_context(self.step + 1):
+                with profiler.step_context(step):
                     batches = prefetch.get(self.step)
                     data_time = time.perf_counter() - start
-                    loss = float(s.forward_backward(batches, cross_entropy))
-                    faults.inject("step", self.step + 1)
+                    loss = s.forward_backward(batches, cross_entropy)
+                    faults.inject("step", step)
                     lr = s.current_lr()
-                    if math.isfinite(loss):
-                        grad_norm = s.optimizer_step(t.grad_clip)
-                    elif t.on_nonfinite == "skip":
+                    # Only a logged step waits for the device to read the loss; abort finds a non-finite
+                    # loss then (or before a save), skip must know before the update and so reads it now.
+                    finite = t.on_nonfinite != "skip" or math.isfinite(float(loss))
+                    if not finite:
                         s.discard_gradients()
-                        grad_norm = float("nan")
+                        grad_norm = torch.tensor(float("nan"))
                     else:
-                        raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; "
-                                                 f"trainer.on_nonfinite=skip would skip such steps")
+                        nonfinite.note(loss, step)
+                        grad_norm = s.optimizer_step(t.grad_clip)
+                    if logs:
+                        loss, grad_norm = float(loss), float(grad_norm)
                 elapsed = time.perf_counter() - start
-                compile_record = {}
                 if compiled is not None:
                     # compilation is reported on its own: step_time and tokens/s are the compiled step's
                     now = compile_stats()
-                    compile_record = {"compile_time": now["compile_time"] - compiled["compile_time"],
-                                      "compiled_graphs": now["compiled_graphs"]}
-                    elapsed = max(elapsed - compile_record["compile_time"], 1e-9)
-                    compiled = now
-                    recompiles.check(self.step + 1, now["compiled_graphs"], s.is_main)
-                profiler.after_step(self.step + 1)
+                    spent = now["compile_time"] - compiled["compile_time"]
+                    elapsed = max(elapsed - spent, 1e-9)
+                    compile_spent, graphs, compiled = compile_spent + spent, now["compiled_graphs"], now
+                    recompiles.check(step, graphs, s.is_main)
+                profiler.after_step(step)
                 prefetch.observe(data_time, elapsed)
-                self.step += 1
+                interval.add(elapsed, data_time)
+                self.step = step
                 logger.advance()
-                is_last = self.step == last_step
-                do_eval = t.eval_every and (self.step % t.eval_every == 0 or is_last)
-                do_sample = t.sample_every and self.step % t.sample_every == 0
-                if do_eval or do_sample or is_last or self.step == 1 or self.step % t.log_every == 0:
-                    tokens_per_sec = tokens_per_step / elapsed
+                if logs:
+                    nonfinite.check()
+                    timing = interval.record()
+                    tokens_per_sec = tokens_per_step / timing["step_time"]
                     record = {
-                        "step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                        "tokens_per_sec": tokens_per_sec, "world_size": s.world_size,
-                        "step_time": elapsed, "data_time": data_time,
+                        "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                        "tokens_per_sec": tokens_per_sec, "world_size": s.world_size, **timing,
                         "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
                         **memory.read(),
                         **s.memory_breakdown(),
                         **s.step_metrics(),
-                        **self.train_data.consumed(self.step),
-                        **compile_record,
+                        **self.train_data.consumed(step),
+                        **({"compile_time": compile_spent, "compiled_graphs": graphs} if compiled is not None else {}),
                     }
                     if do_eval:
-                        faults.inject("eval", self.step)
+                        faults.inject("eval", step)
                         record["val_loss"] = self.evaluate()
                     if do_sample:
                         record["sample"] = self.sample_text()
                     logger.log(record)
                     memory.reset()
-                saved = checkpoints.should_save(self.step, is_last) and math.isfinite(loss)
+                    interval.reset()
+                    compile_spent = 0.0
+                saved = finite and checkpoints.should_save(step, is_last)
                 if saved:
-                    checkpoints.save(self.step)
-                    memory.reset()   # checkpoint staging is not a training step's memory
-                watchdog.beat(self.step)
+                    nonfinite.check()    # never write a non-finite state
+                    checkpoints.save(step)
+                    memory.reset()       # checkpoint staging is not a training step's memory
+                watchdog.beat(step)
                 if not is_last and preemption.stop_requested():
                     if cfg.checkpoint.enabled and not saved:
-                        checkpoints.save(self.step)
+                        nonfinite.check()
+                        checkpoints.save(step)
                     checkpoints.finish()
-                    raise Preempted(self.step, preemption.received, preemption.signum)
+                    raise Preempted(step, preemption.received, preemption.signum)
+            preemption.finish()
             checkpoints.finish()
         finally:
             prefetch.close()

@@ -35,7 +35,7 @@ def clip_grad_norm_(parameters: Iterable[torch.nn.Parameter], max_norm: float, d
         dist.all_reduce(squares, group=stage_group)
     total = squares.sqrt()
     if max_norm > 0:
-        coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)    # stays a tensor: no wait for the device
         for g in grads:
-            g.mul_(coef)
+            g.mul_(coef if g.device == coef.device else coef.to(g.device))
     return total

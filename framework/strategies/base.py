@@ -153,11 +153,13 @@ class Strategy:
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
         """Run all micro-batches of this rank's share of one global batch, accumulate the gradient
-        of the global-batch mean loss, and return that mean loss (a 0-d tensor, same on every rank)."""
+        of the global-batch mean loss, and return that mean loss (a 0-d tensor, same on every rank).
+        Nothing here may wait for the device: the trainer reads the loss only on the steps it logs."""
         raise NotImplementedError
 
-    def optimizer_step(self, max_grad_norm: float) -> float:
-        """Clip (0 = measure only), step optimizer and LR schedule, zero gradients; return the grad norm."""
+    def optimizer_step(self, max_grad_norm: float) -> torch.Tensor:
+        """Clip (0 = measure only), step optimizer and LR schedule, zero gradients; return the grad norm
+        as a 0-d tensor (read only on logged steps)."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -329,14 +331,14 @@ class TorchStrategy(Strategy):
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group)
 
-    def optimizer_step(self, max_grad_norm: float) -> float:
+    def optimizer_step(self, max_grad_norm: float) -> torch.Tensor:
         self.precision.unscale_(self.optimizer)
         grad_norm = self.clip_grad_norm(max_grad_norm)
         self._grad_bytes = sum(local_bytes(p.grad) for p in self.model.parameters() if p.grad is not None)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        return float(grad_norm)
+        return grad_norm
 
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:

@@ -163,7 +163,7 @@ class DeepSpeedStrategy(Strategy):
             total += loss.detach().float()
         return self.reduce_mean(total / n)
 
-    def optimizer_step(self, max_grad_norm: float) -> float:
+    def optimizer_step(self, max_grad_norm: float) -> torch.Tensor:
         # The clipping limit is in the DeepSpeed config as gradient_clipping (= trainer.grad_clip).
         engine = self.engine
         self._grad_bytes = self._held_grad_bytes()
@@ -174,7 +174,7 @@ class DeepSpeedStrategy(Strategy):
             norm = torch.nn.utils.get_total_norm(grads)
         engine.step()
         ds_norm = engine.get_global_grad_norm()
-        return float(ds_norm if ds_norm is not None else norm)
+        return torch.as_tensor(ds_norm if ds_norm is not None else norm)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
