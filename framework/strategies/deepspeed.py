@@ -18,6 +18,7 @@ from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
 from framework.strategies import deepspeed_config as dsc
+from framework.strategies.deepspeed_ops import skip_inference_comm_op
 from framework.strategies.deepspeed_options import DeepSpeedOptions
 from framework.strategies.base import Strategy
 
@@ -102,6 +103,7 @@ class DeepSpeedStrategy(Strategy):
         import deepspeed
         from deepspeed.utils import logger as ds_logger
         ds_logger.setLevel("WARNING")
+        skip_inference_comm_op()
 
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:

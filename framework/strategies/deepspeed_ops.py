@@ -13,6 +13,14 @@ from framework.config.errors import ConfigError
 from framework.devices import device_type
 
 
+def skip_inference_comm_op() -> None:
+    """DeepSpeed's comm layer compiles a shared-memory all-reduce op (a C++ build of minutes on a fresh
+    machine, done again whenever another deepspeed install used the same extensions dir) for its
+    inference all-reduce, which training never calls: declare the op unavailable so it is not built."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def adam_op(cfg) -> str:
     """The DeepSpeed op its Adam would need: cpu_adam steps offloaded states, fused_adam GPU ones."""
     return "cpu_adam" if cfg.zero.offload_optimizer else "fused_adam"
