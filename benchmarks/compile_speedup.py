@@ -23,6 +23,7 @@ LAYOUTS = {
     "ddp x2": ["parallel=ddp"],
     "fsdp x2": ["parallel=fsdp", "zero=stage3"],
     "3d pp2": ["parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=1"],
+    "3d tp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1"],
 }
 
 

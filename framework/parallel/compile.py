@@ -3,18 +3,42 @@ activation-checkpointed regions stay whole (FSDP's hooks run around the compiled
 checkpointed block is compiled with its checkpoint). The block's `forward` is replaced on the instance,
 so parameter and state-dict names are those of the eager model and checkpoints load either way. A model
 whose blocks are unknown has its whole forward compiled. The one entry every torch-native strategy
-calls, after activation checkpointing and before FSDP."""
+calls, after tensor parallelism and activation checkpointing, before FSDP.
+
+A compiled region's tensor inputs are waited on first. Under tensor parallelism a collective that a
+parallel style issues with `async_op=True` (RowwiseParallel's output, e.g. the sharded embedding that
+feeds the first block) returns an AsyncCollectiveTensor: a tensor subclass that waits on its first use.
+Handed to a compiled graph as an input, AOTAutograd flattens that subclass, and in backward the input's
+gradient reaches DTensor's Redistribute node as a plain tensor instead of through `to_local`'s backward
+(which would wrap it back into a DTensor): "'Tensor' object has no attribute '_local_tensor'". Waiting
+in eager with `wait_tensor` (differentiable, identity backward) gives the graph a plain tensor and costs
+nothing: the block's first op would wait there anyway.
+"""
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor
+from torch.utils._pytree import tree_map_only
 
 from framework.models.spec import ModelSpec
 from framework.parallel.blocks import find_blocks
 
 log = logging.getLogger(__name__)
+
+
+def _compiled(forward):
+    """torch.compile(forward), called with every pending collective in its inputs waited on."""
+    compiled = torch.compile(forward)
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        args, kwargs = tree_map_only(AsyncCollectiveTensor, wait_tensor, (args, kwargs))
+        return compiled(*args, **kwargs)
+    return run
 
 
 def compile_blocks(model: nn.Module, cfg, spec: ModelSpec) -> int:
@@ -23,9 +47,9 @@ def compile_blocks(model: nn.Module, cfg, spec: ModelSpec) -> int:
         return 0
     classes = list(cfg.activation_checkpointing.block_classes) or spec.block_classes(model)
     if not classes:
-        model.forward = torch.compile(model.forward)
+        model.forward = _compiled(model.forward)
         return 1
     blocks = find_blocks(model, classes)
     for _, block in blocks:
-        block.forward = torch.compile(block.forward)
+        block.forward = _compiled(block.forward)
     return len(blocks)

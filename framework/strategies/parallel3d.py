@@ -83,10 +83,6 @@ class Parallel3DStrategy(TorchStrategy):
         if p.default_world_size <= 0:
             raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
         dims = ParallelDims.from_config(p, world_size)
-        if t.compile and dims.tp > 1:
-            raise ConfigError("trainer.compile", f"tensor parallelism (parallel.tp={dims.tp}) inside torch.compile "
-                                                 f"fails in this torch's backward (DTensor redistribute gets a plain "
-                                                 f"tensor); compile works with parallel.tp=1 (pp and data parallel)")
         spec = spec_for(model)
         spec.validate_layout(cfg, dims.tp, dims.pp)
         if not spec.init_by_name:
