@@ -217,11 +217,16 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--only", default=",".join(STRATEGIES), help="comma-separated: " + ",".join(STRATEGIES))
+    parser.add_argument("--omp-threads", type=int, help="OMP_NUM_THREADS for both sides (torch's default threads "
+                        "of a lone process, so it changes only single; workers get cores // workers either way)")
+    parser.add_argument("--save", help="write every run's step times and losses here (JSON)")
     parser.add_argument("--worker", choices=list(STRATEGIES), help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
         return worker(opts)
     chosen = opts.only.split(",")
+    if opts.omp_threads:
+        os.environ["OMP_NUM_THREADS"] = str(opts.omp_threads)
     tokens = opts.batch * opts.seq_len
     rate = lambda run: tokens / statistics.median(run["step_times"][opts.warmup:])
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -234,8 +239,11 @@ def main() -> None:
                 print(f"round {r + 1} {LABELS[strategy]:<18} {side:<9} {rate(run):9.0f} tokens/s "
                       f"loss@1 {run['losses'][0]:.6f}" + (f" threads {run['threads']}" if "threads" in run else ""),
                       file=sys.stderr, flush=True)
+                if opts.save:
+                    Path(opts.save).write_text(json.dumps({f"{k[0]}|{k[1]}": v for k, v in runs.items()}))
     print(f"model={opts.model} seq_len={opts.seq_len} global_batch={opts.batch} steps={opts.steps} "
-          f"(median of steps {opts.warmup + 1}..{opts.steps}) rounds={opts.rounds}")
+          f"(median of steps {opts.warmup + 1}..{opts.steps}) rounds={opts.rounds}"
+          + (f" OMP_NUM_THREADS={opts.omp_threads}" if opts.omp_threads else ""))
     print(f"{'strategy':<18}{'framework tok/s':>16}{'hand tok/s':>12}{'ratio':>7}{'spread':>14}"
           f"{'loss@1 fw':>11}{'loss@1 hand':>12}{'|diff|':>9}{'loss@last |diff|':>17}")
     for strategy in chosen:
