@@ -44,11 +44,11 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
             else:
                 out["dp/all_reduce"] = tp_local * act
         elif layout.dp_shard > 1:
-            gathers = 2 if layout.zero == 3 else 1
-            out["dp_shard/all_gather"] = gathers * mb * tp_local * gather_bytes
-            out["dp_shard/reduce_scatter"] = mb * tp_local * reduce_bytes
+            gathers, syncs = fsdp_passes(layout)
+            out["dp_shard/all_gather"] = gathers * tp_local * gather_bytes
+            out["dp_shard/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
-                out["dp_replicate/all_reduce"] = mb * (tp_local // layout.dp_shard) * reduce_bytes
+                out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.dp_shard) * reduce_bytes
         else:
             out["dp_replicate/all_reduce"] = tp_local * reduce_bytes
     tokens = layout.micro_batch * layout.seq_len
@@ -58,6 +58,17 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
         boundary = tokens * hidden * act // (layout.tp if layout.sequence_parallel else 1)
         out["pp/send_recv"] = 2 * layout.pp_microbatches * layout.virtual_stages * boundary
     return out
+
+
+def fsdp_passes(layout: Layout) -> tuple[int, int]:
+    """(all-gathers, gradient reduce-scatters) of each FSDP2 unit per step. Gradient accumulation
+    gathers and reduces every micro-batch (ZeRO-3 gathers again for backward). A pipeline stage syncs
+    gradients once, at its last backward, and keeps parameters unsharded between backwards: ZeRO-2
+    gathers once, ZeRO-3 once per forward (it reshards after each) and once for the first backward."""
+    mb = layout.accumulation
+    if layout.pp > 1:
+        return (mb + 1 if layout.zero == 3 else 1), 1
+    return (2 if layout.zero == 3 else 1) * mb, mb
 
 
 def block_of(name: str) -> str | None:
@@ -82,12 +93,25 @@ def tp_linears(shapes: list[ParamShape]) -> tuple[list[int], list[int], list[int
     return column, row, vocab_sharded
 
 
+def _last_rows(shapes: list[ParamShape]) -> int:
+    """Sum over blocks of the output width of each block's last row-parallel linear."""
+    last: dict[str, int] = {}
+    for s in shapes:
+        block = block_of(s.name)
+        if block and len(s.full) == 2 and s.name.endswith("weight") and s.tp_local[1] < s.full[1]:
+            last[block] = s.full[0]
+    return sum(last.values())
+
+
 def _tensor_parallel(out: dict, layout: Layout, shapes: list[ParamShape], tokens: int, vocab: int,
                      last_stage: bool, reduce_bytes: int) -> None:
     act, mb = layout.compute_bytes, layout.accumulation
-    forwards = mb * (2 if layout.ac != "none" else 1)      # recompute repeats the blocks' forward collectives
+    # Recompute repeats a block's forward collectives, except its last row-parallel reduction: checkpointing
+    # stops early, once the last tensor backward needs is made again, and that output feeds only a residual add.
+    recompute = mb if layout.ac != "none" else 0
     column, row, vocab_sharded = tp_linears(shapes)
     rows = sum(row) * tokens * act                          # one block-stack pass of row-parallel outputs
+    rows_again = rows - _last_rows(shapes) * tokens * act
     columns = sum(column) * tokens * act
     ends = sum(vocab_sharded) * tokens * act
     logits = mb * tokens * vocab * act if last_stage and vocab_sharded else 0
@@ -97,13 +121,13 @@ def _tensor_parallel(out: dict, layout: Layout, shapes: list[ParamShape], tokens
             out[key] = out.get(key, 0) + int(nbytes)
     add("tp/all_reduce", mb * columns)
     if layout.sequence_parallel:
-        add("tp/reduce_scatter", forwards * rows + mb * ends)
-        add("tp/all_gather", forwards * rows + mb * rows + mb * ends + logits)
+        add("tp/reduce_scatter", mb * rows + recompute * rows_again + mb * ends)
+        add("tp/all_gather", (mb + recompute) * rows + mb * rows + mb * ends + logits)
         # replicated parameters of sequence-parallel regions (norms) get partial gradients, reduced per micro-batch
         whole = sum(s.tp_numel for s in shapes if s.tp_local == s.full)
         add("tp/all_reduce", mb * whole * reduce_bytes)
     else:
-        add("tp/all_reduce", forwards * rows + mb * ends)
+        add("tp/all_reduce", mb * rows + recompute * rows_again + mb * ends)
         add("tp/all_gather", logits)
 
 
@@ -118,9 +142,12 @@ def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int
         buckets = max(1, -(-param_bytes // bucket_bytes))
         if layout.strategy in ("ddp", "deepspeed") and layout.zero < 3:
             calls["dp"] = buckets * (mb if layout.strategy == "deepspeed" else 1) + (buckets if layout.zero else 0)
-        elif layout.strategy == "deepspeed" or layout.dp_shard > 1:
+        elif layout.strategy == "deepspeed":
             gathers = 2 if layout.zero == 3 else 1
-            calls["dp"] = mb * units * (gathers + 1 + (1 if layout.dp_replicate > 1 else 0))
+            calls["dp"] = mb * units * (gathers + 1)
+        elif layout.dp_shard > 1:
+            gathers, syncs = fsdp_passes(layout)
+            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1))
         else:
             calls["dp"] = buckets
     layers = n_layers // layout.pp
