@@ -32,7 +32,7 @@ LAYOUTS = {
 
 
 # layouts whose collectives and saved activations are counted (tests/fixtures/counters) against the planner
-COUNTED = {"tp2", "tp2_sequence_parallel", "pp2_gpipe", "pp2_1f1b"}
+COUNTED = {"tp2", "tp2_sequence_parallel", "pp2_gpipe", "pp2_1f1b", "dp2_tp2_zero_none", "dp2_pp2_zero2"}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -58,13 +58,15 @@ def test_tp2_pp2_dp2_zero3_matches_single_loss_and_grad_norm(tmp_path, extra):
     if "single" not in _single_records:
         check_ok(run_framework([*FAST, "parallel=single", *STEPS], tmp_path / "single"))
         _single_records["single"] = read_metrics(tmp_path / "single")
-    check_ok(run_framework([*FAST, *degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS], tmp_path / "3d"))
+    check_ok(run_framework([*FAST, *degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS], tmp_path / "3d",
+                           env=counters_env(tmp_path / "3d")))
     records = {"single": _single_records["single"], "3d": read_metrics(tmp_path / "3d")}
     for key in ("loss", "grad_norm"):
         ref, got = ([r[key] for r in records[name]] for name in ("single", "3d"))
         assert len(got) == 6
         assert max_rel_diff(ref, got) <= TOL, key
     assert_planned_model_states(tmp_path / "3d")
+    assert_planned_comm(tmp_path / "3d")
 
 
 def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path):
