@@ -86,3 +86,108 @@ def assert_planned_model_states(run_dir: Path) -> None:
     measured = {"params": last["param_bytes"], "grads": last["grad_bytes"], "optimizer": last["optim_state_bytes"],
                 "master": last.get("master_param_bytes", 0)}
     assert got == measured, (layout.describe(), got, measured)
+
+
+def counters_env(run_dir: Path) -> dict:
+    """Env that loads tests/fixtures/counters/sitecustomize.py into every process of a job: each rank then
+    writes what it handed to collectives and what autograd saved, per step, under RUN_DIR/counters."""
+    path = os.pathsep.join(p for p in (str(REPO / "tests" / "fixtures" / "counters"), os.environ.get("PYTHONPATH"))
+                           if p)
+    return {"FRAMEWORK_TEST_COUNTERS": str(Path(run_dir) / "counters"), "PYTHONPATH": path}
+
+
+def counted(run_dir: Path) -> dict[int, list[dict]]:
+    """rank -> per optimizer step {"comm": {"<group ranks>|<collective>": bytes}, "saved": peak bytes}."""
+    out = {}
+    for path in sorted((Path(run_dir) / "counters").glob("counters_rank*.json")):
+        record = json.loads(path.read_text())
+        out[record["rank"]] = record["steps"]
+    return out
+
+
+def _mesh_dim(layout, ranks: list[int]) -> str:
+    """The mesh dimension a group spans, from its ranks (mesh dims outermost first: pp, dp_replicate,
+    dp_shard, tp; DDP and DeepSpeed groups are the data-parallel world)."""
+    if layout.strategy in ("ddp", "deepspeed", "single"):
+        return "dp"
+    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "tp": layout.tp}
+
+    def coords(rank):
+        out = {}
+        for dim in reversed(list(sizes)):
+            rank, out[dim] = divmod(rank, sizes[dim])
+        return out
+    varying = [d for d in sizes if len({coords(r)[d] for r in ranks}) > 1]
+    if set(varying) == {"dp_replicate", "dp_shard"}:
+        return "dp"
+    return "+".join(varying) or "self"
+
+
+def _pp_rank(layout, rank: int) -> int:
+    return rank // (layout.world // layout.pp)
+
+
+def comm_by_rank(run_dir: Path) -> dict[int, tuple[dict, dict]]:
+    """rank -> (planned, counted) bytes per step by "<mesh dim>/<collective>"; counted is the mean of the
+    steps after the first (the first also holds setup: DDP's first buckets, pipeline shape exchange)."""
+    from omegaconf import OmegaConf
+
+    from framework.plan.comm import comm_bytes
+    from framework.plan.layout import layout_of
+    from framework.plan.planner import _model_dims, holds_head
+    from framework.plan.shapes import rank_parameters
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    layout = layout_of(cfg, read_metrics(run_dir)[-1]["world_size"])
+    hidden, vocab, n_layers = _model_dims(cfg)
+    out = {}
+    for rank, steps in counted(run_dir).items():
+        later = steps[1:]
+        assert later, f"rank {rank} counted {len(steps)} step(s)"
+        got: dict[str, float] = {}
+        for step in later:
+            for key, nbytes in step["comm"].items():
+                ranks, collective = key.split("|")
+                name = f"{_mesh_dim(layout, [int(r) for r in ranks.split(',')])}/{collective}"
+                got[name] = got.get(name, 0) + nbytes / len(later)
+        pp_rank = _pp_rank(layout, rank)
+        planned = comm_bytes(layout, rank_parameters(cfg, layout, pp_rank), hidden, vocab, n_layers,
+                             last_stage=holds_head(layout, pp_rank))
+        out[rank] = (planned, got)
+    assert len(out) == layout.world, f"counters from {sorted(out)} of {layout.world} ranks"
+    return out
+
+
+def assert_planned_comm(run_dir: Path, rel: float = 0.05) -> None:
+    """Every rank's communication bytes per step, as the planner predicts them for the job's resolved
+    config, are within REL of what the counters saw its collectives move: each collective of each mesh
+    dimension; what the planner leaves out (a loss or norm scalar) must stay under 1% of the total."""
+    for rank, (planned, got) in comm_by_rank(run_dir).items():
+        total = sum(got.values())
+        for key in set(planned) | set(got):
+            want, have = planned.get(key, 0), got.get(key, 0)
+            if key not in planned:
+                assert have <= 0.01 * total, (rank, key, planned, got)
+            else:
+                assert abs(want - have) <= rel * max(want, have), (rank, key, planned, got)
+
+
+def saved_by_rank(run_dir: Path) -> dict[int, tuple[int, list[int]]]:
+    """rank -> (the planner's activation bytes for that rank, the peak bytes autograd held saved in each
+    step after the first)."""
+    from omegaconf import OmegaConf
+
+    from framework.plan.layout import layout_of
+    from framework.plan.planner import _activations
+    cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
+    layout = layout_of(cfg, read_metrics(run_dir)[-1]["world_size"])
+    out = {}
+    for rank, steps in counted(run_dir).items():
+        held, _ = _activations(cfg, layout, _pp_rank(layout, rank))
+        out[rank] = (held, [step["saved"] for step in steps[1:]])
+    return out
+
+
+def assert_planned_activations(run_dir: Path, rel: float = 0.10) -> None:
+    """Every rank's planned activation bytes are within REL of the peak autograd actually held saved."""
+    for rank, (planned, peaks) in saved_by_rank(run_dir).items():
+        assert peaks and all(abs(planned - peak) <= rel * max(planned, peak) for peak in peaks), (rank, planned, peaks)

@@ -1,9 +1,14 @@
 """parallel=fsdp (FSDP2): single-process losses in every layout, measured sharding, config errors."""
 import pytest
 
-from tests.helpers import assert_planned_model_states, max_rel_diff, read_metrics, run_framework, train
+from tests.helpers import (assert_planned_comm, assert_planned_model_states, counters_env, max_rel_diff, read_metrics,
+                           run_framework, train)
 
 TOL = 1e-5
+
+
+# layouts whose collectives are counted (tests/fixtures/counters) and compared with the planner's bytes
+COUNTED = {"zero2_x2", "zero3_x2", "hsdp_2x2"}
 
 
 @pytest.mark.parametrize("name,args", [
@@ -15,10 +20,12 @@ TOL = 1e-5
     ("zero3_offload", ["zero=stage3", "zero.offload_params=true"]),
 ])
 def test_fsdp_matches_single(tmp_path, single_reference, name, args):
-    got = train(tmp_path, name, ["parallel=fsdp", *args])
+    got = train(tmp_path, name, ["parallel=fsdp", *args], env=counters_env(tmp_path / name) if name in COUNTED else None)
     assert len(got) == 8
     assert max_rel_diff(single_reference(), got) <= TOL
     assert_planned_model_states(tmp_path / name)
+    if name in COUNTED:
+        assert_planned_comm(tmp_path / name)
 
 
 def test_zero3_x4_matches_single_and_holds_a_quarter_of_ddp_optimizer_state(tmp_path, single_reference):

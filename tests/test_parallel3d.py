@@ -2,7 +2,8 @@
 and the mission's command runs as-is (tests/test_readme_commands.py runs it as README shows it)."""
 import pytest
 
-from tests.helpers import assert_planned_model_states, FAST, check_ok, max_rel_diff, read_metrics, run_framework, train
+from tests.helpers import (FAST, assert_planned_activations, assert_planned_comm, assert_planned_model_states, check_ok,
+                           counters_env, max_rel_diff, read_metrics, run_framework, train)
 
 TOL = 1e-4
 STEPS = ["trainer.max_steps=6"]
@@ -30,14 +31,21 @@ LAYOUTS = {
 }
 
 
+# layouts whose collectives and saved activations are counted (tests/fixtures/counters) against the planner
+COUNTED = {"tp2", "tp2_sequence_parallel", "pp2_gpipe", "pp2_1f1b", "dp2_tp2_zero_none", "dp2_pp2_zero2"}
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_layout_matches_single(tmp_path, single_reference, layout):
     args = LAYOUTS[layout]
-    got = train(tmp_path, layout, [*args, *STEPS])
+    got = train(tmp_path, layout, [*args, *STEPS], env=counters_env(tmp_path / layout) if layout in COUNTED else None)
     ref = single_reference(*[a for a in args if a.startswith("model.")], *STEPS)
     assert len(got) == 6
     assert max_rel_diff(ref, got) <= TOL
     assert_planned_model_states(tmp_path / layout)
+    if layout in COUNTED:
+        assert_planned_comm(tmp_path / layout)
+        assert_planned_activations(tmp_path / layout)
 
 
 _single_records: dict = {}
@@ -50,13 +58,15 @@ def test_tp2_pp2_dp2_zero3_matches_single_loss_and_grad_norm(tmp_path, extra):
     if "single" not in _single_records:
         check_ok(run_framework([*FAST, "parallel=single", *STEPS], tmp_path / "single"))
         _single_records["single"] = read_metrics(tmp_path / "single")
-    check_ok(run_framework([*FAST, *degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS], tmp_path / "3d"))
+    check_ok(run_framework([*FAST, *degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS], tmp_path / "3d",
+                           env=counters_env(tmp_path / "3d")))
     records = {"single": _single_records["single"], "3d": read_metrics(tmp_path / "3d")}
     for key in ("loss", "grad_norm"):
         ref, got = ([r[key] for r in records[name]] for name in ("single", "3d"))
         assert len(got) == 6
         assert max_rel_diff(ref, got) <= TOL, key
     assert_planned_model_states(tmp_path / "3d")
+    assert_planned_comm(tmp_path / "3d")
 
 
 def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path):

@@ -1,7 +1,18 @@
-"""Bytes each rank hands to collectives per optimizer step, by collective and mesh dimension.
+"""Bytes each rank hands to collectives per optimizer step, keyed "<mesh dim>/<collective>".
 
-Payload sizes (the tensor a rank passes in), the quantity a wrapper around torch.distributed counts;
-the wire traffic of a ring is 2(n-1)/n of an all-reduce's payload and (n-1)/n of the others'.
+Payload: the whole tensor a collective works on (an all-reduce's or broadcast's tensor, an all-gather's
+output, a reduce-scatter's input, each tensor sent or received), the quantity a wrapper around
+torch.distributed counts (tests/fixtures/counters; tests/helpers.assert_planned_comm compares each key
+with real jobs); the wire traffic of a ring is 2(n-1)/n of an all-reduce's payload and (n-1)/n of the
+others'.
+
+Tensor parallelism is counted per collective DTensor issues for the model's plan, read off the rank's
+parameter shapes: per micro-batch and block, each row-parallel linear reduces its output in forward
+(all-reduce; sequence-parallel: a reduce-scatter, and an all-gather opens its region), and each
+column-parallel linear's replicated input gets its gradient all-reduced in backward (q, k and v each
+their own); the backward of a sequence-parallel reduce-scatter is an all-gather. The vocabulary-
+sharded embedding and head add one such reduction each (an all-reduce, or with sequence parallelism
+a reduce-scatter and an all-gather) and the head gathers the logits.
 """
 from __future__ import annotations
 
@@ -12,7 +23,8 @@ REDUCE_BYTES = 4        # gradients are reduced in fp32 unless a policy says oth
 
 
 def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int, n_layers: int,
-               reduce_bytes: int = REDUCE_BYTES) -> dict[str, int]:
+               reduce_bytes: int = REDUCE_BYTES, last_stage: bool = True) -> dict[str, int]:
+    """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head."""
     out: dict[str, int] = {}
     tp_local = sum(s.tp_numel for s in shapes)         # this rank's tp shard of its stages, unsharded by dp
     mb, act = layout.accumulation, layout.compute_bytes
@@ -32,47 +44,120 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
             else:
                 out["dp/all_reduce"] = tp_local * act
         elif layout.dp_shard > 1:
-            gathers = 2 if layout.zero == 3 else 1
-            out["dp_shard/all_gather"] = gathers * mb * tp_local * gather_bytes
-            out["dp_shard/reduce_scatter"] = mb * tp_local * reduce_bytes
+            gathers, syncs = fsdp_passes(layout)
+            out["dp_shard/all_gather"] = gathers * tp_local * gather_bytes
+            out["dp_shard/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
-                out["dp_replicate/all_reduce"] = mb * (tp_local // layout.dp_shard) * reduce_bytes
+                out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.dp_shard) * reduce_bytes
         else:
             out["dp_replicate/all_reduce"] = tp_local * reduce_bytes
     tokens = layout.micro_batch * layout.seq_len
-    layers = n_layers // layout.pp
-    forwards = layout.accumulation * (2 if layout.ac != "none" else 1)
     if layout.tp > 1:
-        # two per block (attention, MLP) forward and two backward; recompute repeats the forward's
-        per_block = tokens * hidden * act
-        name = "tp/all_gather+reduce_scatter" if layout.sequence_parallel else "tp/all_reduce"
-        out[name] = (forwards + layout.accumulation) * 2 * layers * per_block
-        out["tp/logits_all_gather"] = layout.accumulation * tokens * vocab * 4
+        _tensor_parallel(out, layout, shapes, tokens, vocab, last_stage, reduce_bytes)
     if layout.pp > 1:
         boundary = tokens * hidden * act // (layout.tp if layout.sequence_parallel else 1)
         out["pp/send_recv"] = 2 * layout.pp_microbatches * layout.virtual_stages * boundary
     return out
 
 
+def fsdp_passes(layout: Layout) -> tuple[int, int]:
+    """(all-gathers, gradient reduce-scatters) of each FSDP2 unit per step. Gradient accumulation
+    gathers and reduces every micro-batch (ZeRO-3 gathers again for backward). A pipeline stage syncs
+    gradients once, at its last backward, and keeps parameters unsharded between backwards: ZeRO-2
+    gathers once, ZeRO-3 once per forward (it reshards after each) and once for the first backward."""
+    mb = layout.accumulation
+    if layout.pp > 1:
+        return (mb + 1 if layout.zero == 3 else 1), 1
+    return (2 if layout.zero == 3 else 1) * mb, mb
+
+
+def block_of(name: str) -> str | None:
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 and parts[1].isdigit() else None
+
+
+def tp_linears(shapes: list[ParamShape]) -> tuple[list[int], list[int], list[int]]:
+    """Per block of this rank: input widths of its column-parallel linears and output widths of its
+    row-parallel ones (dims of the whole weights), and the widths of its vocabulary-sharded embedding /
+    head (outside blocks)."""
+    column, row, vocab_sharded = [], [], []
+    for s in shapes:
+        if len(s.full) != 2 or s.tp_local == s.full or not s.name.endswith("weight"):
+            continue
+        if block_of(s.name) is None:
+            vocab_sharded.append(s.full[1])
+        elif s.tp_local[0] < s.full[0]:
+            column.append(s.full[1])
+        else:
+            row.append(s.full[0])
+    return column, row, vocab_sharded
+
+
+def _last_rows(shapes: list[ParamShape]) -> int:
+    """Sum over blocks of the output width of each block's last row-parallel linear."""
+    last: dict[str, int] = {}
+    for s in shapes:
+        block = block_of(s.name)
+        if block and len(s.full) == 2 and s.name.endswith("weight") and s.tp_local[1] < s.full[1]:
+            last[block] = s.full[0]
+    return sum(last.values())
+
+
+def _tensor_parallel(out: dict, layout: Layout, shapes: list[ParamShape], tokens: int, vocab: int,
+                     last_stage: bool, reduce_bytes: int) -> None:
+    act, mb = layout.compute_bytes, layout.accumulation
+    # Recompute repeats a block's forward collectives, except its last row-parallel reduction: checkpointing
+    # stops early, once the last tensor backward needs is made again, and that output feeds only a residual add.
+    recompute = mb if layout.ac != "none" else 0
+    column, row, vocab_sharded = tp_linears(shapes)
+    rows = sum(row) * tokens * act                          # one block-stack pass of row-parallel outputs
+    rows_again = rows - _last_rows(shapes) * tokens * act
+    columns = sum(column) * tokens * act
+    ends = sum(vocab_sharded) * tokens * act
+    logits = mb * tokens * vocab * act if last_stage and vocab_sharded else 0
+
+    def add(key, nbytes):
+        if nbytes:
+            out[key] = out.get(key, 0) + int(nbytes)
+    add("tp/all_reduce", mb * columns)
+    if layout.sequence_parallel:
+        add("tp/reduce_scatter", mb * rows + recompute * rows_again + mb * ends)
+        add("tp/all_gather", (mb + recompute) * rows + mb * rows + mb * ends + logits)
+        # replicated parameters of sequence-parallel regions (norms) get partial gradients, reduced per micro-batch
+        whole = sum(s.tp_numel for s in shapes if s.tp_local == s.full)
+        add("tp/all_reduce", mb * whole * reduce_bytes)
+    else:
+        add("tp/all_reduce", mb * rows + recompute * rows_again + mb * ends)
+        add("tp/all_gather", logits)
+
+
 def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int,
-                     bucket_bytes: int = 25 * 1024 * 1024) -> dict[str, int]:
+                     bucket_bytes: int = 25 * 1024 * 1024, per_block: dict | None = None) -> dict[str, int]:
     """Collectives launched per step by mesh dimension: each pays a fixed latency, which dominates
     small messages (gloo on a CPU: milliseconds)."""
     mb = layout.accumulation
+    per_block = per_block or {"column": 3 + 2, "row": 2}     # Llama's q, k, v, gate, up; out, down
     calls = {"tp": 0, "pp": 0, "dp": 0}
     if layout.dp > 1:
         buckets = max(1, -(-param_bytes // bucket_bytes))
         if layout.strategy in ("ddp", "deepspeed") and layout.zero < 3:
             calls["dp"] = buckets * (mb if layout.strategy == "deepspeed" else 1) + (buckets if layout.zero else 0)
-        elif layout.strategy == "deepspeed" or layout.dp_shard > 1:
+        elif layout.strategy == "deepspeed":
             gathers = 2 if layout.zero == 3 else 1
-            calls["dp"] = mb * units * (gathers + 1 + (1 if layout.dp_replicate > 1 else 0))
+            calls["dp"] = mb * units * (gathers + 1)
+        elif layout.dp_shard > 1:
+            gathers, syncs = fsdp_passes(layout)
+            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1))
         else:
             calls["dp"] = buckets
     layers = n_layers // layout.pp
     if layout.tp > 1:
         forwards = mb * (2 if layout.ac != "none" else 1)
-        calls["tp"] = (forwards + mb) * 2 * layers * (2 if layout.sequence_parallel else 1) + 2 * mb
+        column, row = per_block["column"], per_block["row"]
+        if layout.sequence_parallel:      # all-gather + reduce-scatter per region forward, all-gather back
+            calls["tp"] = layers * (2 * forwards * row + mb * (row + column)) + 2 * 2 * mb
+        else:
+            calls["tp"] = layers * (forwards * row + mb * column) + 2 * mb + mb
     if layout.pp > 1:
         calls["pp"] = 2 * layout.pp_microbatches * layout.virtual_stages
     return calls

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 from framework.models.spec import spec_for
 from framework.plan import activations
-from framework.plan.comm import collective_calls, comm_bytes
+from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
 from framework.plan.model_states import model_states
@@ -55,6 +55,15 @@ def _in_flight(layout: Layout, pp_rank: int) -> float:
         return m
     held = min(m, p - pp_rank)
     return held * (1 + (p - 1) / (p * v)) if name in LOOPED else held
+
+
+def holds_head(layout: Layout, pp_rank: int) -> bool:
+    """Pipeline rank `pp_rank` holds the last stage (the head): the last rank, or rank 0 of a V schedule."""
+    if layout.pp == 1:
+        return True
+    from framework.parallel.pipeline import schedule_class, stage_ids
+    stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+    return layout.pp * layout.virtual_stages - 1 in stages
 
 
 def _model_dims(cfg) -> tuple[int, int, int]:
@@ -133,9 +142,9 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
                     "offloaded": states.offloaded}
         per_rank["total"] = states.total - states.offloaded + held + buffers
         if best is None or per_rank["total"] > best[0]["total"]:
-            best = (per_rank, shapes)
-    per_rank, shapes = best
-    comm = comm_bytes(layout, shapes, hidden, vocab, n_layers)
+            best = (per_rank, shapes, pp_rank)
+    per_rank, shapes, pp_rank = best
+    comm = comm_bytes(layout, shapes, hidden, vocab, n_layers, last_stage=holds_head(layout, pp_rank))
 
     spec = spec_for(cfg.model)
     tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
@@ -156,7 +165,10 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
     dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
-    calls = collective_calls(layout, len(_unit_numels(shapes)), per_rank["params"], n_layers)
+    column, row, _ = tp_linears(shapes)
+    blocks_held = len({block_of(s.name) for s in shapes} - {None}) or 1
+    per_block = {"column": len(column) // blocks_held, "row": len(row) // blocks_held} if column else None
+    calls = collective_calls(layout, len(_unit_numels(shapes)), per_rank["params"], n_layers, per_block=per_block)
     tp_s += calls["tp"] * device.collective_latency_s
     pp_s += calls["pp"] * device.collective_latency_s
     dp_s += calls["dp"] * device.collective_latency_s
