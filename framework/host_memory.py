@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import ctypes.util
 
+M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 DURING_BUILD = 1 << 20
 AFTER_BUILD = 32 << 20      # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
@@ -37,4 +38,7 @@ def returning_large_frees():
         yield
     finally:
         libc.mallopt(M_MMAP_THRESHOLD, AFTER_BUILD)
+        # Setting the mmap threshold switches off glibc's dynamic thresholds, the trim threshold's too:
+        # left at its 128 KiB default, the heap is trimmed and grown again (page faults) every step.
+        libc.mallopt(M_TRIM_THRESHOLD, 2 * AFTER_BUILD)
         libc.malloc_trim(0)
