@@ -52,8 +52,23 @@ def die_with_parent(launcher_pid: int) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):    # not Linux: the launcher's signal handlers still stop us
         return
-    if os.getppid() != launcher_pid:           # the launcher died before prctl took effect
+    # The parent is the launcher's fork server. Every child it forks holds the pipe that keeps it alive
+    # after its launcher is gone; closing ours lets it exit with the launcher, and prctl takes us with it.
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_alive_fd", None) is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    if launcher_pid not in (os.getppid(), _parent_of(os.getppid())):   # it died before prctl took effect
         os._exit(1)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @record
