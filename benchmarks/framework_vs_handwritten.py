@@ -205,11 +205,17 @@ def handwritten(strategy: str, opts) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+def data_parallel_ranks(strategy: str) -> int:
+    """tp2's two ranks see the same batch: the hand-written loop runs it whole, so must the framework
+    (a micro-batch of batch // workers would make it accumulate two half batches)."""
+    return 1 if strategy == "tp" else STRATEGIES[strategy][1]
+
+
 def framework(strategy: str, opts) -> dict:
     from benchmarks.job_metrics import job_metrics
     records = job_metrics([*STRATEGIES[strategy][0], f"model={opts.model}", f"data.seq_len={opts.seq_len}",
                            f"trainer.global_batch_size={opts.batch}",
-                           f"trainer.micro_batch_size={opts.batch // STRATEGIES[strategy][1]}",
+                           f"trainer.micro_batch_size={opts.batch // data_parallel_ranks(strategy)}",
                            f"seed={SEED}"], opts.steps)
     return {"step_times": [r["step_time"] for r in records], "losses": [r["loss"] for r in records]}
 
