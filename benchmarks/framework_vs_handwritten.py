@@ -126,15 +126,19 @@ def worker(opts) -> None:
         if strategy != "tp":
             torch.nn.utils.clip_grad_norm_(parameters, max_norm)
             return
-        # torch's clip_grad_norm_ refuses a mix of DTensor (tp shards) and plain (norm weight) gradients:
-        # sum the shards' squares over the tp group, add the replicated ones once.
+        # torch's clip_grad_norm_ refuses a mix of DTensor (tp) and plain (norm weight) gradients: take
+        # each layout's norm apart (a DTensor norm reduces its shards; the embedding's gradient comes back
+        # Replicate, so summing every local shard's square over the group would count it twice).
         from torch.distributed.tensor import DTensor
         grads = [p.grad for p in parameters if p.grad is not None]
-        shards = [g.to_local() for g in grads if isinstance(g, DTensor)]
-        whole = [g for g in grads if not isinstance(g, DTensor)]
-        squares = torch.stack(torch._foreach_norm(shards)).square().sum()
-        dist.all_reduce(squares)
-        total = (squares + torch.stack(torch._foreach_norm(whole)).square().sum()).sqrt()
+        layouts: dict = {}
+        for g in grads:
+            layouts.setdefault(tuple(g.placements) if isinstance(g, DTensor) else None, []).append(g)
+        squares = torch.zeros(())
+        for group in layouts.values():
+            norm = torch.nn.utils.get_total_norm(group)
+            squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        total = squares.sqrt()
         coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
         for g in grads:
             g.mul_(coef)
