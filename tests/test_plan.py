@@ -194,3 +194,18 @@ def test_parallel_auto_runs_its_pick_and_writes_it_to_the_resolved_config(tmp_pa
     resolved = OmegaConf.load(tmp_path / "run" / "config.yaml")
     assert picked == f"parallel={resolved.parallel.name}" and resolved.parallel.name != "auto"
     assert read_metrics(tmp_path / "run")[-1]["world_size"] == 2
+
+
+def test_a_cpu_plan_times_the_model_here_and_each_rank_steps_its_share_of_the_optimizer():
+    """On the CPU the compute and optimizer times come from timing the job's own model on every core
+    (benchmarks/plan_step_time.py holds them against measured steps); too large a model is not timed."""
+    from framework.plan.hardware import measured_cpu
+    from framework.plan.planner import make_plan
+    common = ("model=small", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4")
+    single = make_plan(config(*common, "parallel=single"), 1, measured_cpu(), 1)
+    zero3 = make_plan(config(*common, "parallel=fsdp", "zero=stage3", world=2), 2, measured_cpu(), 2)
+    assert single.time_s["optimizer"] > 0
+    assert zero3.time_s["optimizer"] == pytest.approx(single.time_s["optimizer"] / 2, rel=0.02)
+    big = make_plan(config("model=llama_125m", "data.seq_len=1024", "trainer.micro_batch_size=8", "parallel=single"),
+                    1, measured_cpu(), 1)
+    assert big.time_s["optimizer"] == 0 and big.time_s["compute"] > 0

@@ -6,9 +6,10 @@ from dataclasses import asdict, dataclass
 from framework.models.spec import spec_for
 from framework.plan import activations
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
+from framework.plan.cpu_calibration import measured_timing
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
-from framework.plan.model_states import model_states
+from framework.plan.model_states import OptimizerKind, model_states
 from framework.plan.shapes import rank_parameters
 
 LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
@@ -151,11 +152,25 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
     recompute = {"full": 4 / 3, "selective": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)
+    timed = None
+    if device.name == "cpu" and layout.precision == "fp32":
+        # Timed on every core: workers of a job share the host's memory bandwidth and caches, so one
+        # worker's core does what a core does while all are busy (two 1-thread workers each take ~1.5x
+        # the time one alone takes), not what it does alone.
+        timed = measured_timing(cfg, layout.micro_batch, layout.seq_len, device.cores, flops_per_token,
+                                peak / device.cores, device.efficiency)
     compute_s = (flops_per_token * tokens_per_step / world_size * recompute
-                 / (device.worker_peak(peak, world_size) * device.efficiency))
-    # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are cheaper
-    blocks = n_layers // layout.pp
-    compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
+                 / (device.worker_peak(peak, world_size) * (timed.efficiency if timed else device.efficiency)))
+    if timed is None:
+        # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are
+        # cheaper (a timed micro-batch has them in its time already)
+        blocks = n_layers // layout.pp
+        compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
+    optimizer_s = 0.0
+    if timed is not None:
+        # the rank steps its share of the optimizer states (sharded by zero / fsdp / tp / pp)
+        whole = OptimizerKind.of(cfg.optimizer).bytes_for(spec.num_params(cfg.model))
+        optimizer_s = timed.optimizer_s * (per_rank["optimizer"] / whole if whole > 4 else 1.0)
     idle = bubble(layout)
     compute_s /= (1 - idle)
     nodes_span = world_size > gpus_per_node
@@ -175,10 +190,10 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     exposed_dp = max(0.0, dp_s - overlap * compute_s)
     # offloaded states: gradients down and parameters up over PCIe, the optimizer step in host memory
     offload_s = per_rank["offloaded"] * (6 / 16) / device.pcie_bw + per_rank["offloaded"] * 2 / device.host_bw
-    step_s = compute_s + tp_s + pp_s + exposed_dp + offload_s
+    step_s = compute_s + optimizer_s + tp_s + pp_s + exposed_dp + offload_s
     tokens_per_sec = tokens_per_step / step_s
     mfu = flops_per_token * tokens_per_sec / (world_size * device.worker_peak(peak, world_size))
     return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
                 mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
-                time_s={"compute": compute_s, "tp": tp_s, "pp": pp_s, "dp": exposed_dp, "offload": offload_s})
+                time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "dp": exposed_dp, "offload": offload_s})

@@ -1,0 +1,83 @@
+"""On the CPU the planner times the model itself: one micro-batch's forward, loss and backward, and one
+optimizer step (clipping included), with the threads one worker gets. A small transformer on a CPU
+spends more than half its step in element-wise operators (norms, activations, residual adds, softmax)
+that run at memory speed, not at the matmul rate, and its optimizer step is a fixed cost per tensor; a
+fixed share of the matmul peak mispredicted such models by 1.5-2x (benchmarks/plan_step_time.py).
+Timing takes at most a few seconds: a micro-batch expected to take longer than MAX_TIMED_S is not
+timed (the fixed share stays), and smaller ones are timed up to REPEATS times within that budget; the
+median is used, as the job's own step time is (two threads on two busy cores stall now and then)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from framework.models.spec import spec_for
+from framework.optim.factory import OptimizerFactory
+
+MAX_TIMED_S = 1.0      # the longest micro-batch (at the fixed share's estimate) that is timed
+BUDGET_S = 3.0         # for all rounds of one micro-batch size and thread count
+REPEATS = 8
+WARMUPS = 2            # the allocator and the kernels' first calls
+
+
+@dataclass(frozen=True)
+class CpuTiming:
+    efficiency: float       # model FLOPs of a micro-batch / (its forward + backward time x the threads' peak)
+    optimizer_s: float      # one clipped optimizer step over the whole model, zero_grad included
+
+
+def measured_timing(cfg, micro_batch: int, seq_len: int, threads: int, flops_per_token: float,
+                    per_thread_peak: float, fixed_share: float) -> CpuTiming | None:
+    """This CPU's timing of the job's fp32 model with `threads` threads, or None where the model is not
+    timed (too large, or it cannot run here)."""
+    flops = flops_per_token * micro_batch * seq_len
+    estimate = flops / (per_thread_peak * threads * fixed_share)
+    if estimate > MAX_TIMED_S:
+        return None
+    repeats = max(2, min(REPEATS, int(BUDGET_S / estimate) - WARMUPS))
+    key = (OmegaConf.to_yaml(cfg.model, resolve=True), OmegaConf.to_yaml(cfg.optimizer, resolve=True))
+    seconds = _seconds(*key, int(cfg.data.vocab_size), micro_batch, seq_len, threads, repeats)
+    if seconds is None:
+        return None
+    micro_s, optimizer_s = seconds
+    return CpuTiming(flops / (micro_s * per_thread_peak * threads), optimizer_s)
+
+
+def _median(times: list[float]) -> float:
+    return sorted(times)[len(times) // 2]
+
+
+@lru_cache(maxsize=32)
+def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch: int, seq_len: int,
+             threads: int, repeats: int) -> tuple[float, float] | None:
+    model_cfg = OmegaConf.create(model_yaml)
+    spec = spec_for(model_cfg)
+    vocab = int(model_cfg.get("vocab_size") or data_vocab)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.device("cpu"):
+            model = spec.build(model_cfg)
+        optimizer = OptimizerFactory(OmegaConf.create(optimizer_yaml))(model.parameters())
+        tokens = torch.randint(0, vocab, (micro_batch, seq_len + 1))
+        micro, step = [], []
+        for _ in range(WARMUPS + repeats):
+            start = time.perf_counter()
+            logits = model(tokens[:, :-1])
+            F.cross_entropy(logits.flatten(0, -2).float(), tokens[:, 1:].flatten()).backward()
+            middle = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            micro.append(middle - start)
+            step.append(time.perf_counter() - middle)
+        return _median(micro[WARMUPS:]), _median(step[WARMUPS:])
+    except Exception:       # a model that cannot run on this CPU: the planner keeps its fixed share
+        return None
+    finally:
+        torch.set_num_threads(before)
