@@ -4,7 +4,8 @@
 
 Each round runs every layout once (rounds interleave, so a slow minute hits all layouts alike); the
 measured step time is the median `step_time` of the steps after the first three. The plan uses this
-CPU measured on the spot (matmul FLOP/s, copy bandwidth, operator overhead). Prints predicted and
+CPU measured on the spot (matmul FLOP/s, copy bandwidth, gloo latency) and the model timed on it
+(framework/plan/cpu_calibration.py). Prints predicted and
 measured seconds, their ratio per round, and the median and spread of the ratio.
 """
 from __future__ import annotations

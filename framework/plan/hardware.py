@@ -108,7 +108,8 @@ def measured_cpu() -> Device:
     # bf16 matmuls on a CPU without AMX run several times slower than fp32
     peaks = {"fp32": flops, "tf32": flops, "bf16": flops / 4, "fp16": flops / 4}
     # gloo over loopback moves tensors at a fraction of a memory copy; a transformer step's mix of
-    # matmuls and element-wise ops reaches about 0.6 of the big-matmul rate (benchmarks/plan_step_time.py)
+    # matmuls and element-wise ops reaches about 0.6 of the big-matmul rate, for models too large for
+    # framework/plan/cpu_calibration.py to time
     return Device("cpu", memory, peaks, copy_bw, copy_bw / 4, copy_bw / 4, efficiency=0.6, op_overhead_s=op_overhead,
                   pcie_bw=copy_bw, host_bw=copy_bw, cores=torch.get_num_threads(),
                   collective_latency_s=CPU_COLLECTIVE_LATENCY_S)
