@@ -107,6 +107,10 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         _remove_if_only_hydra_files(run_dir)
         sys.exit(2)
 
+    placement = discover(os.environ)
+    spawns = not (under_torchrun() or isinstance(placement, Worker) or world_size == 1)
+    if spawns:
+        start_fork_server()
     if (finished := completed_checkpoint(cfg, run_dir)) is not None:
         if is_rank_zero():
             print(f"already complete: {finished} is at trainer.max_steps={cfg.trainer.max_steps}; nothing to do")
@@ -116,14 +120,13 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         os.makedirs(run_dir, exist_ok=True)
         OmegaConf.save(cfg, os.path.join(run_dir, RESOLVED_CONFIG), resolve=True)
 
-    from framework.worker import run_worker
-    placement = discover(os.environ)
-    if isinstance(placement, Worker):
-        os.environ.update(placement.torch_env())
-    if under_torchrun() or isinstance(placement, Worker) or world_size == 1:
-        run_worker(cfg, run_dir)
-    else:
+    if spawns:
         spawn_workers(cfg, nproc_for_node(cfg, strategy_cls, placement), run_dir, placement)
+    else:
+        from framework.worker import run_worker
+        if isinstance(placement, Worker):
+            os.environ.update(placement.torch_env())
+        run_worker(cfg, run_dir)
     return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
 
 
@@ -158,6 +161,15 @@ def check_the_plan(cfg: DictConfig, world_size: int) -> None:
                   file=sys.stderr)
 
 
+def start_fork_server() -> None:
+    """Workers fork from one server process that imported torch and the trainer once; spawned workers
+    each imported them again (3 s of CPU a worker: an 8-worker job on 2 cores started ~20 s later).
+    Started as soon as the job is known to spawn workers, its imports overlap the launcher's own."""
+    from multiprocessing import forkserver
+    multiprocessing.set_forkserver_preload(["framework.worker"])
+    forkserver.ensure_running()
+
+
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:
     """nproc workers on this host; with `node`, this host's share of a multi-node group that meets at
     the node's rendezvous (static: ranks follow the node rank; c10d: nodes join in any order)."""
@@ -185,9 +197,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="forkserver",
     )
-    # Workers fork from one server process that imported torch and the trainer once; spawned workers
-    # each imported them again (3 s of CPU a worker: an 8-worker job on 2 cores started ~20 s later).
-    multiprocessing.set_forkserver_preload(["framework.worker"])
+    start_fork_server()     # running already when run() started it
     if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         # a joblib (loky) sweep worker: its children could not set up loky's start method
         multiprocessing.set_start_method("spawn", force=True)
