@@ -5,7 +5,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 from framework import faults
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
@@ -13,6 +12,7 @@ from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
+from framework.loss import cross_entropy
 from framework.metrics.compile_stats import RecompileWatch, compile_stats
 from framework.metrics.interval import LogInterval
 from framework.metrics.logger import MetricsLogger, truncate_metrics
@@ -27,10 +27,6 @@ from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.preemption import Preempted, PreemptionWatch
 from framework.watchdog import StallWatchdog
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
 def build_model(cfg) -> torch.nn.Module:

@@ -21,6 +21,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from framework.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
@@ -100,7 +101,6 @@ def _measure(key, cfg) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
     from torch._subclasses.fake_tensor import FakeTensorMode
-    import torch.nn.functional as F
     spec = spec_for(cfg.model)
     micro_batch, seq_len = key[-2], key[-1]
     stack: list[str] = []
@@ -150,7 +150,7 @@ def _measure(key, cfg) -> ActivationProfile:
                     if precision in ("bf16", "fp16") else torch.autocast("cpu", enabled=False))
         with tracker, autocast:
             logits = model(tokens)
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), tokens.flatten())
+            loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph
         head: dict = {}
         tail: dict = {}

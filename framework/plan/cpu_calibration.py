@@ -1,5 +1,5 @@
 """On the CPU the planner times the model itself: one micro-batch's forward, loss and backward, and one
-optimizer step (clipping included), with the threads one worker gets. A small transformer on a CPU
+optimizer step (clipping included), on every core. A small transformer on a CPU
 spends more than half its step in element-wise operators (norms, activations, residual adds, softmax)
 that run at memory speed, not at the matmul rate, and its optimizer step is a fixed cost per tensor; a
 fixed share of the matmul peak mispredicted such models by 1.5-2x (benchmarks/plan_step_time.py).
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from framework.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
 
@@ -32,11 +32,11 @@ class CpuTiming:
 
 
 def measured_timing(cfg, micro_batch: int, seq_len: int, threads: int, flops_per_token: float,
-                    per_thread_peak: float, fixed_share: float) -> CpuTiming | None:
-    """This CPU's timing of the job's fp32 model with `threads` threads, or None where the model is not
-    timed (too large, or it cannot run here)."""
+                    peak: float, fixed_share: float) -> CpuTiming | None:
+    """This CPU's timing of the job's fp32 model with `threads` threads (whose matmul peak is `peak`), or
+    None where the model is not timed (too large, or it cannot run here)."""
     flops = flops_per_token * micro_batch * seq_len
-    estimate = flops / (per_thread_peak * threads * fixed_share)
+    estimate = flops / (peak * fixed_share)
     if estimate > MAX_TIMED_S:
         return None
     repeats = max(2, min(REPEATS, int(BUDGET_S / estimate) - WARMUPS))
@@ -45,7 +45,7 @@ def measured_timing(cfg, micro_batch: int, seq_len: int, threads: int, flops_per
     if seconds is None:
         return None
     micro_s, optimizer_s = seconds
-    return CpuTiming(flops / (micro_s * per_thread_peak * threads), optimizer_s)
+    return CpuTiming(flops / (micro_s * peak), optimizer_s)
 
 
 def _median(times: list[float]) -> float:
@@ -68,8 +68,7 @@ def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch:
         micro, step = [], []
         for _ in range(WARMUPS + repeats):
             start = time.perf_counter()
-            logits = model(tokens[:, :-1])
-            F.cross_entropy(logits.flatten(0, -2).float(), tokens[:, 1:].flatten()).backward()
+            cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
             middle = time.perf_counter()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

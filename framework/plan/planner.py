@@ -157,8 +157,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
         # Timed on every core: workers of a job share the host's memory bandwidth and caches, so one
         # worker's core does what a core does while all are busy (two 1-thread workers each take ~1.5x
         # the time one alone takes), not what it does alone.
-        timed = measured_timing(cfg, layout.micro_batch, layout.seq_len, device.cores, flops_per_token,
-                                peak / device.cores, device.efficiency)
+        timed = measured_timing(cfg, layout.micro_batch, layout.seq_len, device.cores, flops_per_token, peak,
+                                device.efficiency)
     compute_s = (flops_per_token * tokens_per_step / world_size * recompute
                  / (device.worker_peak(peak, world_size) * (timed.efficiency if timed else device.efficiency)))
     if timed is None:
@@ -166,11 +166,12 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
         # cheaper (a timed micro-batch has them in its time already)
         blocks = n_layers // layout.pp
         compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
-    optimizer_s = 0.0
-    if timed is not None:
+        optimizer_s = 0.0
+    else:
         # the rank steps its share of the optimizer states (sharded by zero / fsdp / tp / pp)
-        whole = OptimizerKind.of(cfg.optimizer).bytes_for(spec.num_params(cfg.model))
-        optimizer_s = timed.optimizer_s * (per_rank["optimizer"] / whole if whole > 4 else 1.0)
+        kind = OptimizerKind.of(cfg.optimizer)
+        share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
+        optimizer_s = timed.optimizer_s * share
     idle = bubble(layout)
     compute_s /= (1 - idle)
     nodes_span = world_size > gpus_per_node
