@@ -1,6 +1,6 @@
 """The planner's step time next to the measured one on this CPU (gloo), layout by layout.
 
-    python benchmarks/plan_step_time.py [--rounds 2] [--steps 12] [--model small]
+    python benchmarks/plan_step_time.py [--rounds 2] [--steps 12] [--model small] [--only ddp,3d_tp2]
 
 Each round runs every layout once (rounds interleave, so a slow minute hits all layouts alike); the
 measured step time is the median `step_time` of the steps after the first three. The plan uses this
@@ -29,7 +29,11 @@ LAYOUTS = {
     "fsdp_zero3": ["parallel=fsdp", "zero=stage3"],
     "deepspeed_zero2": ["parallel=deepspeed", "zero=stage2"],
     "3d_tp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1"],
+    "3d_tp2_sp": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1",
+                  "parallel.sequence_parallel=true"],
     "3d_pp2": ["parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=1"],
+    "hsdp_2x2": ["parallel=fsdp", "zero=stage3", "parallel.dp_replicate=2", "parallel.dp_shard=2",
+                 "launcher.nproc_per_node=4"],
 }
 
 
@@ -42,18 +46,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--model", default="small")
+    ap.add_argument("--only", help=f"comma-separated layouts, of {', '.join(LAYOUTS)}")
     opts = ap.parse_args()
+    layouts = {k: v for k, v in LAYOUTS.items() if not opts.only or k in opts.only.split(",")}
     common = [f"model={opts.model}", "data.seq_len=128", "trainer.global_batch_size=16", "trainer.micro_batch_size=4"]
-    predicted = {name: plan_for([*common, *args])[0].step_time_s for name, args in LAYOUTS.items()}
-    ratios: dict[str, list[float]] = {name: [] for name in LAYOUTS}
-    got: dict[str, list[float]] = {name: [] for name in LAYOUTS}
+    predicted = {name: plan_for([*common, *args])[0].step_time_s for name, args in layouts.items()}
+    ratios: dict[str, list[float]] = {name: [] for name in layouts}
+    got: dict[str, list[float]] = {name: [] for name in layouts}
     for _ in range(opts.rounds):
-        for name, args in LAYOUTS.items():
+        for name, args in layouts.items():
             t = measured([*common, *args], opts.steps)
             got[name].append(t)
             ratios[name].append(predicted[name] / t)
     print(f"{'layout':<18}{'predicted s':>12}{'measured s':>12}{'ratio':>8}{'spread':>8}")
-    for name in LAYOUTS:
+    for name in layouts:
         r = ratios[name]
         print(f"{name:<18}{predicted[name]:>12.4f}{statistics.median(got[name]):>12.4f}{statistics.median(r):>8.2f}"
               f"{max(r) - min(r):>8.2f}")

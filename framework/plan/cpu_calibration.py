@@ -80,3 +80,52 @@ def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch:
         return None
     finally:
         torch.set_num_threads(before)
+
+
+@lru_cache(maxsize=8)
+def tp_linear_overhead_s(tp: int, sequence_parallel: bool) -> float:
+    """Seconds a tensor-parallel linear adds to one micro-batch's forward and backward on one core, beyond
+    its share of the FLOPs: DTensor's dispatch (sharding propagation, redistribution, the functional
+    collectives' wrappers), ~0.6-0.9 ms a linear on this kind of CPU, where the model's own operators
+    take tens of microseconds. Timed on a tiny column+row pair over a fake process group of `tp` ranks
+    (nothing moves; the collectives' own latency is the planner's separate term), against the same pair
+    unsharded at its local width. 0.0 where this process already has a process group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        return 0.0
+    width, tokens = 64 * tp, (4, 8 * tp)
+
+    def pair(inner: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(width, inner, bias=False),
+                                   torch.nn.Linear(inner, width, bias=False))
+
+    def seconds(module: torch.nn.Module, x: torch.Tensor) -> float:
+        times = []
+        for _ in range(WARMUPS + 3 * REPEATS):
+            start = time.perf_counter()
+            module(x).sum().backward()
+            times.append(time.perf_counter() - start)
+        return _median(times[WARMUPS:])
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
+    try:
+        mesh = init_device_mesh("cpu", (tp,))
+        if sequence_parallel:
+            plan = {"0": ColwiseParallel(input_layouts=Shard(1)), "1": RowwiseParallel(output_layouts=Shard(1))}
+            x = torch.randn(tokens[0], tokens[1] // tp, width)
+        else:
+            plan = {"0": ColwiseParallel(), "1": RowwiseParallel()}
+            x = torch.randn(*tokens, width)
+        sharded = seconds(parallelize_module(pair(width), mesh, plan), x)
+        local = seconds(pair(width // tp), torch.randn(*tokens, width))
+        return max(0.0, sharded - local) / 2
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(before)

@@ -43,6 +43,11 @@ class Device:
         per_core = dtype_peak / self.cores
         return per_core * max(1, self.cores // world) / max(1.0, world / self.cores)
 
+    def latency(self, world: int) -> float:
+        """Fixed cost of one collective among `world` workers: with more workers than cores, each waits
+        for its peers to be scheduled, in proportion."""
+        return self.collective_latency_s * (max(1.0, world / self.cores) if self.cores else 1.0)
+
 
 _GPUS = {
     # name: (table key in mfu, HBM bytes, HBM B/s, intra-node B/s, inter-node B/s, fp8 dense FLOP/s)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from framework.models.spec import spec_for
 from framework.plan import activations
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
-from framework.plan.cpu_calibration import measured_timing
+from framework.plan.cpu_calibration import measured_timing, tp_linear_overhead_s
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
 from framework.plan.model_states import OptimizerKind, model_states
@@ -172,6 +172,12 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
         kind = OptimizerKind.of(cfg.optimizer)
         share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
         optimizer_s = timed.optimizer_s * share
+    column, row, ends = tp_linears(shapes)
+    if timed is not None and layout.tp > 1:
+        # the timed model is plain tensors; each sharded linear also pays DTensor's dispatch
+        linears = len(column) + len(row) + len(ends)
+        compute_s += (layout.accumulation * linears * recompute
+                      * tp_linear_overhead_s(layout.tp, layout.sequence_parallel))
     idle = bubble(layout)
     compute_s /= (1 - idle)
     nodes_span = world_size > gpus_per_node
@@ -181,13 +187,13 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
     dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
-    column, row, _ = tp_linears(shapes)
     blocks_held = len({block_of(s.name) for s in shapes} - {None}) or 1
     per_block = {"column": len(column) // blocks_held, "row": len(row) // blocks_held} if column else None
     calls = collective_calls(layout, len(_unit_numels(shapes)), per_rank["params"], n_layers, per_block=per_block)
-    tp_s += calls["tp"] * device.collective_latency_s
-    pp_s += calls["pp"] * device.collective_latency_s
-    dp_s += calls["dp"] * device.collective_latency_s
+    latency = device.latency(world_size)
+    tp_s += calls["tp"] * latency
+    pp_s += calls["pp"] * latency
+    dp_s += calls["dp"] * latency
     exposed_dp = max(0.0, dp_s - overlap * compute_s)
     # offloaded states: gradients down and parameters up over PCIe, the optimizer step in host memory
     offload_s = per_rank["offloaded"] * (6 / 16) / device.pcie_bw + per_rank["offloaded"] * 2 / device.host_bw
