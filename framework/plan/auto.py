@@ -1,6 +1,6 @@
 """parallel=auto: enumerate the layouts a world size allows, keep those that divide and fit, rank them
-by predicted step time, and rewrite the config to the winner (deterministic: ties go to the simpler
-layout, listed first)."""
+by predicted step time, and rewrite the config to the winner (deterministic: layouts predicted within
+TIE of the fastest are a tie, and the simplest of them is listed first and runs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +14,12 @@ from framework.plan.planner import Plan, make_plan
 from framework.strategies.registry import strategy_class
 
 SCHEDULES = ("1F1B", "Interleaved1F1B")
+# Predicted step times this close are a tie: the planner's terms cannot separate them (its predictions
+# scatter more than this against measured steps, benchmarks/plan_step_time.py). The simpler layout has
+# less machinery per step than the model counts: on a 2-core CPU, DeepSpeed ZeRO-1/2 measured 7-11%
+# slower than DDP that the plan put 0.1-1.8% apart (benchmarks/plan_auto_pick.py).
+TIE = 0.02
+SIMPLER = ("single", "ddp", "fsdp", "3d", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -143,16 +149,29 @@ def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[C
         plan = make_plan(trial, world, device, per_node)
         if plan.fits:
             ranked.append((cand, plan))
-    ranked.sort(key=lambda cp: (round(cp[1].step_time_s, 12), cp[1].per_rank_bytes["total"]))
     if not ranked:
         raise ConfigError("parallel", f"parallel=auto: no layout of {world} x {device.name} fits this model and "
                                       f"batch; add devices or lower trainer.global_batch_size")
-    return ranked
+    ranked.sort(key=lambda cp: (round(cp[1].step_time_s, 12), cp[1].per_rank_bytes["total"]))
+    tied = [cp for cp in ranked if cp[1].step_time_s <= ranked[0][1].step_time_s * (1 + TIE)]
+    tied.sort(key=lambda cp: simplicity(cp[0]))        # stable: within equal machinery, the faster first
+    return tied + ranked[len(tied):]
 
 
-def _why(best: Plan, second: Plan | None) -> str:
-    if second is None:
+def simplicity(cand: Candidate) -> tuple:
+    """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
+    ways = dict(cand.parallel).get("tp", 1) * dict(cand.parallel).get("pp", 1)
+    return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, ("none", "selective", "full").index(cand.ac)
+
+
+def _why(ranked: list[tuple[Candidate, Plan]]) -> str:
+    if len(ranked) == 1:
         return "the only layout that fits"
+    (first, best), (runner_up, second) = ranked[:2]
+    fastest = min(p.step_time_s for _, p in ranked)
+    if second.step_time_s <= fastest * (1 + TIE) and simplicity(first) != simplicity(runner_up):
+        return (f"#1 and #2 are predicted within {TIE:.0%} of the fastest, a tie the plan cannot separate; "
+                f"#1 has less machinery ({first.strategy}, zero {first.zero})")
     if second.step_time_s <= best.step_time_s * (1 + 1e-9):
         return "tied with #2 on predicted step time; it needs less memory"
     a, b = best.time_s, second.time_s
@@ -171,8 +190,7 @@ def report(ranked: list[tuple[Candidate, Plan]], top: int) -> str:
     for i, (cand, plan) in enumerate(ranked[:top], 1):
         lines.append(f"  {i:<3}{cand.describe():<72}{plan.per_rank_bytes['total'] / gib:>8.2f}G"
                      f"{plan.step_time_s:>10.4g}{plan.tokens_per_sec:>12,.0f}{plan.mfu:>7.1%}")
-    second = ranked[1][1] if len(ranked) > 1 else None
-    lines.append(f"picked #1: {_why(ranked[0][1], second)}")
+    lines.append(f"picked #1: {_why(ranked)}")
     return "\n".join(lines)
 
 
