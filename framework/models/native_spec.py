@@ -4,6 +4,7 @@ basic shape rules. A family names its pieces; anything it does differently it ov
 from __future__ import annotations
 
 import copy
+import importlib
 from types import ModuleType
 from typing import Callable
 
@@ -32,7 +33,9 @@ class NativeDecoderSpec(ModelSpec):
     args_class: type                 # a dataclass: n_layers, init_std, num_params(), flops_per_token(seq_len)
     block_class: type
     init_fn: Callable                # (tensor, name, seed, n_layers, std) -> None
-    plans: ModuleType                # tensor_parallel_plan(model, sequence_parallel), pipeline_stage(model, i, n)
+    # the module with tensor_parallel_plan(model, sequence_parallel) and pipeline_stage(model, i, n), by name:
+    # it imports DTensor, which only a worker that shards the model needs
+    plans: str
     adapter: ModuleType              # hf_config(args), to_hf(state, args), config_mismatches(hf, args), HFWeights
 
     def args(self, model_cfg):
@@ -44,13 +47,13 @@ class NativeDecoderSpec(ModelSpec):
         self.init_fn(tensor, name, seed, args.n_layers, args.init_std)
 
     def tensor_parallel_plan(self, model, sequence_parallel):
-        return self.plans.tensor_parallel_plan(model, sequence_parallel)
+        return importlib.import_module(self.plans).tensor_parallel_plan(model, sequence_parallel)
 
     def num_layers(self, model_cfg) -> int:
         return self.args(model_cfg).n_layers
 
     def pipeline_stage(self, model, stage_index, num_stages):
-        return self.plans.pipeline_stage(model, stage_index, num_stages)
+        return importlib.import_module(self.plans).pipeline_stage(model, stage_index, num_stages)
 
     def block_classes(self, model):
         return (self.block_class,)

@@ -14,14 +14,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.checkpoint import dcp_state
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
 from framework.parallel.compile import compile_blocks
-from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -288,11 +286,13 @@ class TorchStrategy(Strategy):
         return self.model
 
     def save_checkpoint(self, path: str) -> None:
+        from framework.checkpoint import dcp_state
         dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
 
     def save_checkpoint_async(self, path: str):
         # The background writer gets a process group of its own, so its collectives never
         # interleave with the training step's on the default group.
+        from framework.checkpoint import dcp_state
         if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
         if self._stager is None:
@@ -307,6 +307,7 @@ class TorchStrategy(Strategy):
         super().teardown()
 
     def load_checkpoint(self, path: str) -> None:
+        from framework.checkpoint import dcp_state
         dcp_state.load(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler, self.precision)
 
     def _to_device(self, batch):
@@ -329,6 +330,7 @@ class TorchStrategy(Strategy):
     stage_group = None
 
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
+        from framework.parallel.grad_norm import clip_grad_norm_     # DTensor: in the worker only
         return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group)
 
     def optimizer_step(self, max_grad_norm: float) -> torch.Tensor:

@@ -7,15 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.nn.parallel import DistributedDataParallel
 
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.strategies.base import TorchStrategy
 
-COMM_HOOKS = {"none": None, "fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+# torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are
+# imported where a worker uses them: the launcher imports this module only to validate.
+COMM_HOOKS = {"none": None, "fp16": "fp16_compress_hook", "bf16": "bf16_compress_hook"}
 
 
 @dataclass
@@ -63,6 +62,8 @@ class DDPStrategy(TorchStrategy):
 
     def wrap_model(self, model):
         opts = self.cfg.parallel
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
@@ -73,11 +74,12 @@ class DDPStrategy(TorchStrategy):
         )
         hook = COMM_HOOKS[opts.comm_hook]
         if hook is not None:
-            ddp.register_comm_hook(state=None, hook=hook)
+            ddp.register_comm_hook(state=None, hook=getattr(default_hooks, hook))
         return ddp
 
     def make_optimizer(self, params, build_optimizer):
         if self.cfg.zero.stage == 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
             return ZeroRedundancyOptimizer(build_optimizer.param_groups(params),
                                            optimizer_class=build_optimizer.cls, **build_optimizer.kwargs)
         return build_optimizer(params)
@@ -88,13 +90,18 @@ class DDPStrategy(TorchStrategy):
     def unwrapped_model(self):
         return self.model.module
 
+    @property
+    def _zero1(self) -> bool:
+        """The optimizer is torch's ZeroRedundancyOptimizer around the user's."""
+        return self.cfg.zero.stage == 1
+
     def checkpoint_optimizer(self):
         # ZeRO-1: each rank saves and loads the states of the parameters it owns, by name.
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+        if self._zero1:
             return self.optimizer.optim
         return self.optimizer
 
     def optimizer_states(self):
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+        if self._zero1:
             return self.optimizer.optim.state.values()
         return super().optimizer_states()

@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 
 from framework.config.errors import ConfigError
 from framework.config.schema import ParallelConfig
-from framework.parallel.fsdp import mixed_precision_policy
 from framework.parallel.mesh import ParallelDims
-from framework.parallel.parallelize import ShardingPlan, parallelize
 from framework.strategies.base import TorchStrategy
 
 
@@ -60,6 +58,9 @@ class FSDPStrategy(TorchStrategy):
                                                            f"name the block classes to shard")
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
+        # FSDP2 and DTensor load here, in the worker: the launcher imports this module only to validate
+        from framework.parallel.fsdp import mixed_precision_policy
+        from framework.parallel.parallelize import ShardingPlan, parallelize
         cfg = self.cfg
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         self.mesh = self.dims.build_mesh(self.device.type)

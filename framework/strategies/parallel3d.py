@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,15 +24,12 @@ from torch import nn
 
 from framework.config.errors import ConfigError
 from framework.models.spec import spec_for
-from framework.parallel.fsdp import mixed_precision_policy
-from framework.parallel.grad_norm import clip_grad_norm_
 from framework.parallel.mesh import ParallelDims
-from framework.parallel.parallelize import ShardingPlan, parallelize
-from framework.parallel.pipeline import build_schedule, min_microbatches, stage_ids, schedule_class, \
-    validate_pipeline
-from framework.parallel.tied import TiedAcrossStages
 from framework.strategies.base import TorchStrategy
 from framework.strategies.fsdp import FSDPOptions
+
+if TYPE_CHECKING:
+    from framework.parallel.parallelize import ShardingPlan
 
 
 @dataclass
@@ -100,6 +98,7 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("trainer.micro_batch_size", f"{t.micro_batch_size} exceeds a data-parallel rank's share "
                                                           f"of {share} sequences ({t.global_batch_size} / dp "
                                                           f"{dims.dp}); use at most {share}")
+        from framework.parallel.pipeline import schedule_class, validate_pipeline
         if dims.pp > 1:
             microbatches = cls.pipeline_microbatches(cfg, dims)
             validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
@@ -117,11 +116,16 @@ class Parallel3DStrategy(TorchStrategy):
             if p.pp_microbatches <= 0:
                 raise ConfigError("parallel.pp_microbatches", f"must be positive, got {p.pp_microbatches}")
             return p.pp_microbatches
+        from framework.parallel.pipeline import min_microbatches
         share = t.global_batch_size // dims.dp
         return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
 
     # ---- inside a worker ----------------------------------------------------------------
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
+        # FSDP2, DTensor and torch.distributed.pipelining load here, in the worker
+        from framework.parallel.parallelize import parallelize
+        from framework.parallel.pipeline import build_schedule, schedule_class, stage_ids
+        from framework.parallel.tied import TiedAcrossStages
         cfg = self.cfg
         self.spec = model_factory.spec
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
@@ -155,12 +159,15 @@ class Parallel3DStrategy(TorchStrategy):
 
     def sharding(self, mesh_dims: ParallelDims) -> ShardingPlan:
         """FSDP2 over the data-parallel dims, with the same mixed-precision policy as parallel=fsdp."""
+        from framework.parallel.fsdp import mixed_precision_policy
+        from framework.parallel.parallelize import ShardingPlan
         cfg = self.cfg
         return ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
                             mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
         counted = None if self.tied is None else list(self.tied.counted())
+        from framework.parallel.grad_norm import clip_grad_norm_
         return clip_grad_norm_(self.model.parameters(), max_grad_norm, self.device, self.stage_group, counted)
 
     def teardown(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.config.errors import ConfigError
-from framework.models.gpt2 import hf_adapter, parallelize
+from framework.models.gpt2 import hf_adapter
 from framework.models.gpt2.model import GPT2, TIED, Block, GPT2Args, init_parameter
 from framework.models.native_spec import NativeDecoderSpec
 
@@ -20,7 +20,7 @@ class GPT2Spec(NativeDecoderSpec):
     args_class = GPT2Args
     block_class = Block
     init_fn = staticmethod(init_parameter)
-    plans = parallelize
+    plans = "framework.models.gpt2.parallelize"
     adapter = hf_adapter
 
     def config_schema(self) -> type:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.config.errors import ConfigError
-from framework.models.llama import hf_adapter, parallelize
+from framework.models.llama import hf_adapter
 from framework.models.llama.model import Llama, LlamaArgs, TransformerBlock, init_parameter
 from framework.models.native_spec import NativeDecoderSpec
 
@@ -20,7 +20,7 @@ class LlamaSpec(NativeDecoderSpec):
     args_class = LlamaArgs
     block_class = TransformerBlock
     init_fn = staticmethod(init_parameter)
-    plans = parallelize
+    plans = "framework.models.llama.parallelize"
     adapter = hf_adapter
 
     def config_schema(self) -> type:
