@@ -97,3 +97,17 @@ def test_rest_of_world_and_default_world_size():
     assert ParallelDims.default_world_size(Degrees(tp=2, pp=2, dp_shard=2)) == 8
     with pytest.raises(ConfigError, match="= 16 processes, but the world size is 8"):
         ParallelDims.from_config(Degrees(tp=2, pp=2, dp_shard=2, dp_replicate=2), 8)
+
+
+def test_the_schedule_rules_kept_by_name_are_torchs():
+    """Validation reads the schedules' shapes from names (no torch.distributed.pipelining before a worker
+    starts); they must be what torch's classes say, for every schedule we accept."""
+    from torch.distributed.pipelining.schedules import (PipelineScheduleSingle, ScheduleDualPipeV,
+                                                        ScheduleZBVZeroBubble, get_schedule_class)
+
+    from framework.parallel.pipeline import SCHEDULES, SINGLE_STAGE, V_SHAPED, schedule_class
+    for name in SCHEDULES:
+        cls = get_schedule_class(name)
+        assert schedule_class(name.upper()) is cls
+        assert (name in SINGLE_STAGE) == issubclass(cls, PipelineScheduleSingle), name
+        assert (name in V_SHAPED) == issubclass(cls, (ScheduleZBVZeroBubble, ScheduleDualPipeV)), name

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-from torch import nn
-from torch.distributed import ProcessGroup
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import (PipelineScheduleSingle, ScheduleDualPipeV,
-                                                    ScheduleZBVZeroBubble, get_schedule_class)
+from typing import TYPE_CHECKING
 
 from framework.config.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.distributed import ProcessGroup
+
+# The rules are kept by name, so that validation and the planner need no torch.distributed.pipelining
+# (it imports dynamo: ~0.8 s a launch); tests/test_parallel3d_validation.py holds them to torch's classes.
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-V_SHAPED = (ScheduleZBVZeroBubble, ScheduleDualPipeV)
+SINGLE_STAGE = ("GPipe", "1F1B")                 # subclasses of PipelineScheduleSingle: one stage per rank
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 #: schedules that run out of work to overlap (and refuse to start) with fewer micro-batches than ranks
 NEED_MICROBATCHES_PER_RANK = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -33,11 +36,13 @@ def canonical_name(name: str) -> str:
 
 
 def schedule_class(name: str) -> type:
+    from torch.distributed.pipelining.schedules import get_schedule_class
     return get_schedule_class(canonical_name(name))
 
 
-def stage_ids(pp_rank: int, pp: int, virtual: int, schedule: type) -> list[int]:
-    if issubclass(schedule, V_SHAPED):
+def stage_ids(pp_rank: int, pp: int, virtual: int, schedule: str) -> list[int]:
+    """The stages pipeline rank `pp_rank` holds under the schedule named `schedule`."""
+    if canonical_name(schedule) in V_SHAPED:
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + i * pp for i in range(virtual)]
 
@@ -51,14 +56,14 @@ def min_microbatches(name: str, pp: int, virtual: int) -> int:
 
 def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatches: int) -> None:
     """Schedule, stage and micro-batch rules, with the numbers."""
-    cls = schedule_class(name)
+    single, v_shaped = canonical_name(name) in SINGLE_STAGE, canonical_name(name) in V_SHAPED
     if virtual < 1:
         raise ConfigError("parallel.pp_virtual_stages", f"must be at least 1, got {virtual}")
-    if issubclass(cls, PipelineScheduleSingle) and virtual != 1:
+    if single and virtual != 1:
         raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} runs one stage per rank, got "
                                                         f"{virtual}; use Interleaved1F1B, LoopedBFS or "
                                                         f"InterleavedZeroBubble for virtual stages")
-    if issubclass(cls, V_SHAPED) and virtual != 2:
+    if v_shaped and virtual != 2:
         raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} places exactly 2 stages per rank "
                                                         f"(V shape), got {virtual}")
     stages = pp * virtual
@@ -69,7 +74,7 @@ def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatc
     if microbatches < need:
         raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} needs at least {need} micro-batches "
                                                       f"with pp={pp}, got {microbatches}")
-    if not issubclass(cls, PipelineScheduleSingle):
+    if not single:
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
             raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} runs micro-batches in rounds of "
@@ -83,8 +88,9 @@ def build_schedule(name: str, modules: list[nn.Module], ids: list[int], num_stag
 
     Loss is the per-micro-batch mean; the schedule scales gradients by 1/microbatches so they are
     those of the mean over the rank's whole batch."""
+    from torch.distributed.pipelining import PipelineStage
     stages = [PipelineStage(m, i, num_stages, device, group=group) for m, i in zip(modules, ids)]
     cls = schedule_class(name)
-    if issubclass(cls, PipelineScheduleSingle):
+    if canonical_name(name) in SINGLE_STAGE:
         return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     return cls(stages, n_microbatches=microbatches, loss_fn=loss_fn)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from framework.models.spec import spec_for
+from framework.parallel.pipeline import stage_ids
 from framework.plan import activations
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
 from framework.plan.cpu_calibration import measured_timing, tp_linear_overhead_s
@@ -62,8 +63,7 @@ def holds_head(layout: Layout, pp_rank: int) -> bool:
     """Pipeline rank `pp_rank` holds the last stage (the head): the last rank, or rank 0 of a V schedule."""
     if layout.pp == 1:
         return True
-    from framework.parallel.pipeline import schedule_class, stage_ids
-    stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+    stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
     return layout.pp * layout.virtual_stages - 1 in stages
 
 
@@ -96,8 +96,7 @@ def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
         ids, first, last = list(range(n_blocks)), True, True
         held = scale * profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
     else:
-        from framework.parallel.pipeline import schedule_class, stage_ids
-        mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+        mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
         ids = [b for s in mine for b in range(s * per_stage, (s + 1) * per_stage)]
         per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
         held = int(scale * per_mb * _in_flight(layout, pp_rank))

@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from framework.models.spec import spec_for
+from framework.parallel.pipeline import stage_ids
 from framework.plan.layout import Layout
 
 
@@ -76,9 +77,8 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
     model = _meta_model(cfg)
     if layout.pp == 1:
         return [model]
-    from framework.parallel.pipeline import schedule_class, stage_ids
     stages = layout.pp * layout.virtual_stages
-    ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, schedule_class(layout.pp_schedule))
+    ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
     return [spec.pipeline_stage(model, i, stages) for i in ids]
 
 

@@ -98,7 +98,7 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("trainer.micro_batch_size", f"{t.micro_batch_size} exceeds a data-parallel rank's share "
                                                           f"of {share} sequences ({t.global_batch_size} / dp "
                                                           f"{dims.dp}); use at most {share}")
-        from framework.parallel.pipeline import schedule_class, validate_pipeline
+        from framework.parallel.pipeline import canonical_name, validate_pipeline
         if dims.pp > 1:
             microbatches = cls.pipeline_microbatches(cfg, dims)
             validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
@@ -107,7 +107,7 @@ class Parallel3DStrategy(TorchStrategy):
                                                               f"({t.global_batch_size} / dp {dims.dp}) do not split "
                                                               f"into {microbatches} equal pipeline micro-batches")
         else:
-            schedule_class(p.pp_schedule)
+            canonical_name(p.pp_schedule)
 
     @classmethod
     def pipeline_microbatches(cls, cfg, dims: ParallelDims) -> int:
@@ -124,7 +124,7 @@ class Parallel3DStrategy(TorchStrategy):
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         # FSDP2, DTensor and torch.distributed.pipelining load here, in the worker
         from framework.parallel.parallelize import parallelize
-        from framework.parallel.pipeline import build_schedule, schedule_class, stage_ids
+        from framework.parallel.pipeline import build_schedule, stage_ids
         from framework.parallel.tied import TiedAcrossStages
         cfg = self.cfg
         self.spec = model_factory.spec
@@ -135,8 +135,8 @@ class Parallel3DStrategy(TorchStrategy):
         self.pp_rank = self.mesh.pp.get_local_rank()
 
         if self.dims.pp > 1:
-            schedule = schedule_class(cfg.parallel.pp_schedule)
-            self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages, schedule)
+            self.stage_ids = stage_ids(self.pp_rank, self.dims.pp, cfg.parallel.pp_virtual_stages,
+                                       cfg.parallel.pp_schedule)
             self.num_stages = self.dims.pp * cfg.parallel.pp_virtual_stages
         else:
             self.stage_ids, self.num_stages = [0], 1
