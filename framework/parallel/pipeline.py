@@ -7,9 +7,7 @@ DualPipeV) give rank r the stages r and 2pp - 1 - r, so rank 0 holds both the fi
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from framework.config.errors import ConfigError
 
@@ -56,7 +54,8 @@ def min_microbatches(name: str, pp: int, virtual: int) -> int:
 
 def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatches: int) -> None:
     """Schedule, stage and micro-batch rules, with the numbers."""
-    single, v_shaped = canonical_name(name) in SINGLE_STAGE, canonical_name(name) in V_SHAPED
+    known = canonical_name(name)
+    single, v_shaped = known in SINGLE_STAGE, known in V_SHAPED
     if virtual < 1:
         raise ConfigError("parallel.pp_virtual_stages", f"must be at least 1, got {virtual}")
     if single and virtual != 1:

@@ -160,7 +160,8 @@ def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[C
 
 def simplicity(cand: Candidate) -> tuple:
     """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
-    ways = dict(cand.parallel).get("tp", 1) * dict(cand.parallel).get("pp", 1)
+    parallel = dict(cand.parallel)
+    ways = parallel.get("tp", 1) * parallel.get("pp", 1)
     return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, ("none", "selective", "full").index(cand.ac)
 
 

@@ -25,6 +25,8 @@ from torch import nn
 from framework.config.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.parallel.mesh import ParallelDims
+from framework.parallel.pipeline import (build_schedule, canonical_name, min_microbatches, stage_ids,
+                                         validate_pipeline)
 from framework.strategies.base import TorchStrategy
 from framework.strategies.fsdp import FSDPOptions
 
@@ -98,7 +100,6 @@ class Parallel3DStrategy(TorchStrategy):
             raise ConfigError("trainer.micro_batch_size", f"{t.micro_batch_size} exceeds a data-parallel rank's share "
                                                           f"of {share} sequences ({t.global_batch_size} / dp "
                                                           f"{dims.dp}); use at most {share}")
-        from framework.parallel.pipeline import canonical_name, validate_pipeline
         if dims.pp > 1:
             microbatches = cls.pipeline_microbatches(cfg, dims)
             validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
@@ -116,15 +117,13 @@ class Parallel3DStrategy(TorchStrategy):
             if p.pp_microbatches <= 0:
                 raise ConfigError("parallel.pp_microbatches", f"must be positive, got {p.pp_microbatches}")
             return p.pp_microbatches
-        from framework.parallel.pipeline import min_microbatches
         share = t.global_batch_size // dims.dp
         return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
 
     # ---- inside a worker ----------------------------------------------------------------
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
-        # FSDP2, DTensor and torch.distributed.pipelining load here, in the worker
+        # FSDP2 and DTensor load here, in the worker (build_schedule imports pipelining there too)
         from framework.parallel.parallelize import parallelize
-        from framework.parallel.pipeline import build_schedule, stage_ids
         from framework.parallel.tied import TiedAcrossStages
         cfg = self.cfg
         self.spec = model_factory.spec
