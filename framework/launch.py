@@ -110,7 +110,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
     placement = discover(os.environ)
     spawns = not (under_torchrun() or isinstance(placement, Worker) or world_size == 1)
     if spawns:
-        start_fork_server()
+        start_fork_server(strategy_cls.worker_preload(cfg))
     if (finished := completed_checkpoint(cfg, run_dir)) is not None:
         if is_rank_zero():
             print(f"already complete: {finished} is at trainer.max_steps={cfg.trainer.max_steps}; nothing to do")
@@ -161,12 +161,13 @@ def check_the_plan(cfg: DictConfig, world_size: int) -> None:
                   file=sys.stderr)
 
 
-def start_fork_server() -> None:
-    """Workers fork from one server process that imported torch and the trainer once; spawned workers
-    each imported them again (3 s of CPU a worker: an 8-worker job on 2 cores started ~20 s later).
-    Started as soon as the job is known to spawn workers, its imports overlap the launcher's own."""
+def start_fork_server(strategy_modules: tuple[str, ...] = ()) -> None:
+    """Workers fork from one server process that imported torch, the trainer and what the strategy's
+    workers use once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on
+    2 cores started ~20 s later). Started as soon as the job is known to spawn workers, its imports
+    overlap the launcher's own. A server already running (an earlier job of a sweep) is kept."""
     from multiprocessing import forkserver
-    multiprocessing.set_forkserver_preload(["framework.worker"])
+    multiprocessing.set_forkserver_preload(["framework.worker", *strategy_modules])
     forkserver.ensure_running()
 
 

@@ -36,6 +36,8 @@ class DDPStrategy(TorchStrategy):
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = ("none", "full", "selective")
+    worker_modules = (*TorchStrategy.worker_modules, "torch.nn.parallel",
+                      "torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "torch.distributed.optim")
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from framework.config.errors import ConfigError
+from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
@@ -37,6 +38,15 @@ class DeepSpeedStrategy(Strategy):
     activation_checkpointing = AC_MODES
     compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
                     "drive yet; parallel=fsdp zero=stage3 compiles per block")
+
+    @classmethod
+    def worker_preload(cls, cfg) -> tuple[str, ...]:
+        """DeepSpeed picks its accelerator as it is imported, so the fork server gets the workers'
+        DS_ACCELERATOR first. On a GPU it is left to the workers: its import asks CUDA for devices."""
+        if device_type(cfg) != "cpu":
+            return ()
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        return ("deepspeed",)
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:

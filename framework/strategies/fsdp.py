@@ -37,6 +37,7 @@ class FSDPStrategy(TorchStrategy):
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = ("none", "full", "selective")
     precision_autocast = False
+    worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
 
     @classmethod
     def default_world_size(cls, cfg) -> int:

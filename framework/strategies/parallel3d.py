@@ -28,7 +28,7 @@ from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import (build_schedule, canonical_name, min_microbatches, stage_ids,
                                          validate_pipeline)
 from framework.strategies.base import TorchStrategy
-from framework.strategies.fsdp import FSDPOptions
+from framework.strategies.fsdp import FSDPOptions, FSDPStrategy
 
 if TYPE_CHECKING:
     from framework.parallel.parallelize import ShardingPlan
@@ -57,6 +57,7 @@ class Parallel3DStrategy(TorchStrategy):
     precisions = ("fp32", "bf16")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp")
+    worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied", "torch.distributed.pipelining")
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod

@@ -1,0 +1,59 @@
+"""What the launcher's fork server imports for a strategy's workers. The server skips a module that
+fails to import without a word, so a renamed module would silently cost every worker its import again;
+and on a GPU nothing it imports may initialise CUDA, which a forked worker could then not use."""
+import json
+import os
+import subprocess
+import sys
+
+from framework.strategies.registry import STRATEGIES
+from tests.helpers import REPO
+
+
+def _preload(device: str, guard_cuda: bool) -> dict:
+    """Import each strategy's preload in one fresh process after framework.worker (the server's own
+    first import); return the modules per strategy and what asked CUDA anything meanwhile."""
+    code = f"""
+import importlib, json, os, sys
+import torch
+from omegaconf import OmegaConf
+import framework.worker
+from framework.strategies.registry import strategy_class
+asked = []
+def _refuse(name):
+    def ask(*a, **k):
+        asked.append(name)
+        raise RuntimeError(name + " called while preloading")
+    return ask
+if {guard_cuda!r}:
+    for name in ("is_available", "device_count", "init", "_lazy_init", "current_device"):
+        setattr(torch.cuda, name, _refuse(name))
+cfg = OmegaConf.create({{"device": {device!r}}})
+out = {{}}
+for s in {list(STRATEGIES)!r}:
+    mods = strategy_class(s).worker_preload(cfg)
+    for m in mods:
+        importlib.import_module(m)
+    out[s] = list(mods)
+print(json.dumps({{"modules": out, "asked": asked, "ds_accelerator": os.environ.get("DS_ACCELERATOR")}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_module_a_cpu_job_preloads_exists_and_deepspeed_gets_its_accelerator_first():
+    got = _preload("cpu", guard_cuda=False)
+    mods = got["modules"]
+    assert "torch.distributed.pipelining" in mods["3d"] and "deepspeed" in mods["deepspeed"]
+    assert "torch.distributed.optim" in mods["ddp"] and "framework.parallel.parallelize" in mods["fsdp"]
+    # DeepSpeed picks its accelerator on import: the server must see what the workers will set
+    assert got["ds_accelerator"] == "cpu"
+
+
+def test_what_a_gpu_job_preloads_never_asks_cuda():
+    got = _preload("cuda", guard_cuda=True)
+    assert got["asked"] == [], got["asked"]
+    assert got["modules"]["3d"] and got["modules"]["deepspeed"] == []
