@@ -183,6 +183,27 @@ def test_parallel_auto_is_deterministic_and_its_ranking_fits():
     assert rest == sorted(rest) and rest[0] > fastest * (1 + TIE)
 
 
+def test_parallel_auto_says_why_whichever_part_of_the_step_decides():
+    """The pick is explained by the part of the step where #1 gains most over #2, whichever it is
+    (a CPU ranking decided by the optimizer step once raised a KeyError instead)."""
+    from dataclasses import replace
+
+    from framework.plan.auto import rank_layouts
+    from framework.plan.hardware import device_named
+    cfg = config("model=llama_125m", "parallel=ddp", "data.seq_len=1024", "precision=bf16",
+                 "trainer.global_batch_size=64", world=8)
+    cfg.parallel = {"name": "auto", "strategies": ["ddp"], "top": 5}
+    (cand, plan), (other, _) = rank_layouts(cfg, 8, device_named("h100"), 8)[:2]
+    reasons = set()
+    for part in plan.time_s:
+        slower = replace(plan, step_time_s=plan.step_time_s * 1.1,
+                         time_s={**plan.time_s, part: plan.time_s[part] + 0.1 * plan.step_time_s})
+        text = report([(cand, plan), (other, slower)], 2)
+        assert "10.0% faster than the next: " in text, text
+        reasons.add(text.rsplit(": ", 1)[1])
+    assert len(reasons) == len(plan.time_s)
+
+
 def test_parallel_auto_breaks_a_predicted_tie_toward_less_machinery():
     """A 125M model on 8 H100s: DDP and every ZeRO stage are predicted alike (the gradient traffic hides
     behind backward); DDP runs, not the layout that happens to need the least memory (ZeRO-3)."""

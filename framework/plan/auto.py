@@ -179,6 +179,7 @@ def _why(ranked: list[tuple[Candidate, Plan]]) -> str:
     diffs = {k: b[k] - a[k] for k in a}
     key = max(diffs, key=diffs.get)
     reason = {"compute": "less compute time (fewer micro-batches, less recomputation, smaller bubble)",
+              "optimizer": "a shorter optimizer step (its states sharded over more ranks)",
               "tp": "less tensor-parallel traffic", "pp": "less pipeline traffic",
               "dp": "less exposed data-parallel traffic", "offload": "less offload traffic"}[key]
     return f"{(second.step_time_s / best.step_time_s - 1):.1%} faster than the next: {reason}"
