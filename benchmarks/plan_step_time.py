@@ -2,16 +2,20 @@
 
     python benchmarks/plan_step_time.py [--rounds 2] [--steps 12] [--model small] [--only ddp,3d_tp2]
 
-Each round runs every layout once (rounds interleave, so a slow minute hits all layouts alike); the
-measured step time is the median `step_time` of the steps after the first three. The plan uses this
-CPU measured on the spot (matmul FLOP/s, copy bandwidth, gloo latency) and the model timed on it
-(framework/plan/cpu_calibration.py). Prints predicted and
-measured seconds, their ratio per round, and the median and spread of the ratio.
+Each round plans and runs every layout once (rounds interleave, so a slow minute hits all layouts
+alike); the measured step time is the median `step_time` of the steps after the first three. The plan
+uses this CPU measured on the spot (matmul FLOP/s, copy bandwidth, gloo latency) and the model timed on
+it (framework/plan/cpu_calibration.py), in a fresh `python -m framework.plan --json` each round: a
+calibration is a few seconds of this noisy machine, as a measurement is, so each round's prediction is
+held to that round's measurement. Prints the median predicted and measured seconds, and the median and
+spread of the per-round ratio.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.job_metrics import job_metrics  # noqa: E402
-from framework.plan.__main__ import plan_for  # noqa: E402
 
 LAYOUTS = {
     "single": ["parallel=single"],
@@ -37,6 +40,12 @@ LAYOUTS = {
 }
 
 
+def predicted(args: list[str]) -> float:
+    out = subprocess.run([sys.executable, "-m", "framework.plan", *args, "--json"], cwd=REPO, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)["step_time_s"]
+
+
 def measured(args: list[str], steps: int) -> float:
     return statistics.median(r["step_time"] for r in job_metrics(args, steps)[3:])
 
@@ -50,18 +59,20 @@ def main() -> None:
     opts = ap.parse_args()
     layouts = {k: v for k, v in LAYOUTS.items() if not opts.only or k in opts.only.split(",")}
     common = [f"model={opts.model}", "data.seq_len=128", "trainer.global_batch_size=16", "trainer.micro_batch_size=4"]
-    predicted = {name: plan_for([*common, *args])[0].step_time_s for name, args in layouts.items()}
     ratios: dict[str, list[float]] = {name: [] for name in layouts}
     got: dict[str, list[float]] = {name: [] for name in layouts}
+    plans: dict[str, list[float]] = {name: [] for name in layouts}
     for _ in range(opts.rounds):
         for name, args in layouts.items():
+            p = predicted([*common, *args])
             t = measured([*common, *args], opts.steps)
+            plans[name].append(p)
             got[name].append(t)
-            ratios[name].append(predicted[name] / t)
+            ratios[name].append(p / t)
     print(f"{'layout':<18}{'predicted s':>12}{'measured s':>12}{'ratio':>8}{'spread':>8}")
     for name in layouts:
         r = ratios[name]
-        print(f"{name:<18}{predicted[name]:>12.4f}{statistics.median(got[name]):>12.4f}{statistics.median(r):>8.2f}"
+        print(f"{name:<18}{statistics.median(plans[name]):>12.4f}{statistics.median(got[name]):>12.4f}{statistics.median(r):>8.2f}"
               f"{max(r) - min(r):>8.2f}")
     all_r = [statistics.median(r) for r in ratios.values()]
     print(f"median ratio {statistics.median(all_r):.2f}; within 25%: "

@@ -258,22 +258,21 @@ def test_a_cpu_plan_times_the_model_here_and_each_rank_steps_its_share_of_the_op
     assert big.time_s["optimizer"] == 0 and big.time_s["compute"] > 0
 
 
-def test_a_cpu_tensor_parallel_plan_adds_dtensors_cost_per_sharded_linear():
-    """The timed model is plain tensors; under tp each sharded linear also pays DTensor's dispatch, timed
-    here on a fake process group that the planner leaves behind it."""
+def test_a_cpu_tensor_parallel_plan_adds_what_dtensor_costs_the_rank():
+    """The timed model is plain tensors and whole; a tp rank also pays DTensor's dispatch around its
+    sharded linears (and norms under SP), timed on the job's own model and plan over a fake process
+    group that the planner leaves behind it."""
     import torch.distributed as dist
 
-    from framework.plan.comm import tp_linears
-    from framework.plan.cpu_calibration import tp_linear_overhead_s
+    from framework.plan.cpu_calibration import tensor_parallel_overhead_s
     from framework.plan.hardware import measured_cpu
     from framework.plan.planner import make_plan
     common = ("model=small", "data.seq_len=64", "trainer.global_batch_size=8", "trainer.micro_batch_size=4")
     ddp = make_plan(config(*common, "parallel=ddp", world=2), 2, measured_cpu(), 2)
     tp_cfg = config(*common, "parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1", world=2)
     tp2 = make_plan(tp_cfg, 2, measured_cpu(), 2)
-    overhead = tp_linear_overhead_s(2, False)
-    assert overhead > 0 and not dist.is_initialized()
-    linears = sum(map(len, tp_linears(rank_parameters(tp_cfg, tp2.layout))))
-    assert linears == 4 * 7 + 2          # q k v o gate up down per block; the embedding and the head
-    extra = tp2.layout.accumulation * linears * overhead
+    overhead = tensor_parallel_overhead_s(tp_cfg, 64, 2, False)
+    assert overhead > 0 and tensor_parallel_overhead_s(tp_cfg, 64, 2, True) > 0
+    assert not dist.is_initialized()
+    extra = tp2.layout.accumulation * overhead
     assert tp2.time_s["compute"] - ddp.time_s["compute"] == pytest.approx(extra, rel=1e-6)

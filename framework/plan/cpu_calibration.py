@@ -82,33 +82,42 @@ def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch:
         torch.set_num_threads(before)
 
 
-@lru_cache(maxsize=8)
-def tp_linear_overhead_s(tp: int, sequence_parallel: bool) -> float:
-    """Seconds a tensor-parallel linear adds to one micro-batch's forward and backward on one core, beyond
-    its share of the FLOPs: DTensor's dispatch (sharding propagation, redistribution, the functional
-    collectives' wrappers), ~0.6-0.9 ms a linear on this kind of CPU, where the model's own operators
-    take tens of microseconds. Timed on a tiny column+row pair over a fake process group of `tp` ranks
-    (nothing moves; the collectives' own latency is the planner's separate term), against the same pair
-    unsharded at its local width. 0.0 where this process already has a process group."""
+def tensor_parallel_overhead_s(cfg, seq_len: int, tp: int, sequence_parallel: bool) -> float:
+    """Seconds a tensor-parallel rank spends on one micro-batch's forward and backward beyond its 1/tp share
+    of the plain model's time, on one core: DTensor's dispatch (sharding propagation, redistribution,
+    the functional collectives' wrappers) around every sharded linear and, with sequence parallelism,
+    around the norms and residual adds of the sequence-sharded stream too, plus what tp leaves whole
+    (the gathered logits and their loss). That is ~0.5-1.5 ms an operator on this kind of CPU, where a
+    small model's own operators take tens of microseconds, so it does not shrink with the micro-batch.
+    Timed on the job's model and the spec's own plan over a fake process group of `tp` ranks (nothing
+    moves; the collectives' latency is the planner's separate term), with one sequence. 0.0 where the
+    model has no plan or cannot run so, and where this process already has a process group."""
+    key = OmegaConf.to_yaml(cfg.model, resolve=True)
+    return _tensor_parallel_overhead_s(key, int(cfg.data.vocab_size), seq_len, tp, sequence_parallel)
+
+
+@lru_cache(maxsize=16)
+def _tensor_parallel_overhead_s(model_yaml: str, data_vocab: int, seq_len: int, tp: int,
+                                sequence_parallel: bool) -> float:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from framework.parallel.tensor_parallel import apply_tensor_parallel
+    from framework.parallel.tied import retie
 
     if dist.is_initialized():
         return 0.0
-    width, tokens = 64 * tp, (4, 8 * tp)
+    model_cfg = OmegaConf.create(model_yaml)
+    spec = spec_for(model_cfg)
+    vocab = int(model_cfg.get("vocab_size") or data_vocab)
+    tokens = torch.randint(0, vocab, (1, seq_len + 1))
 
-    def pair(inner: int) -> torch.nn.Module:
-        return torch.nn.Sequential(torch.nn.Linear(width, inner, bias=False),
-                                   torch.nn.Linear(inner, width, bias=False))
-
-    def seconds(module: torch.nn.Module, x: torch.Tensor) -> float:
+    def seconds(model: torch.nn.Module) -> float:
         times = []
-        for _ in range(WARMUPS + 3 * REPEATS):
+        for _ in range(WARMUPS + REPEATS):
             start = time.perf_counter()
-            module(x).sum().backward()
+            cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
             times.append(time.perf_counter() - start)
         return _median(times[WARMUPS:])
 
@@ -116,16 +125,16 @@ def tp_linear_overhead_s(tp: int, sequence_parallel: bool) -> float:
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=tp)
     try:
-        mesh = init_device_mesh("cpu", (tp,))
-        if sequence_parallel:
-            plan = {"0": ColwiseParallel(input_layouts=Shard(1)), "1": RowwiseParallel(output_layouts=Shard(1))}
-            x = torch.randn(tokens[0], tokens[1] // tp, width)
-        else:
-            plan = {"0": ColwiseParallel(), "1": RowwiseParallel()}
-            x = torch.randn(*tokens, width)
-        sharded = seconds(parallelize_module(pair(width), mesh, plan), x)
-        local = seconds(pair(width // tp), torch.randn(*tokens, width))
-        return max(0.0, sharded - local) / 2
+        with torch.device("cpu"):
+            plain, sharded = spec.build(model_cfg), spec.build(model_cfg)
+        plan = spec.tensor_parallel_plan(sharded, sequence_parallel)
+        if not plan:
+            return 0.0
+        apply_tensor_parallel(sharded, init_device_mesh("cpu", (tp,)), plan)
+        retie(sharded, spec.tied_parameters(model_cfg))
+        return max(0.0, seconds(sharded) - seconds(plain) / tp)
+    except Exception:       # a model whose plan does not run over a fake group: nothing is added
+        return 0.0
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(before)

@@ -7,7 +7,7 @@ from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
 from framework.plan import activations
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
-from framework.plan.cpu_calibration import measured_timing, tp_linear_overhead_s
+from framework.plan.cpu_calibration import measured_timing, tensor_parallel_overhead_s
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
 from framework.plan.model_states import OptimizerKind, model_states
@@ -171,12 +171,11 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
         kind = OptimizerKind.of(cfg.optimizer)
         share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
         optimizer_s = timed.optimizer_s * share
-    column, row, ends = tp_linears(shapes)
     if timed is not None and layout.tp > 1:
-        # the timed model is plain tensors; each sharded linear also pays DTensor's dispatch
-        linears = len(column) + len(row) + len(ends)
-        compute_s += (layout.accumulation * linears * recompute
-                      * tp_linear_overhead_s(layout.tp, layout.sequence_parallel))
+        # the timed model is plain tensors, and whole: a tensor-parallel rank (holding 1/pp of the blocks)
+        # also pays DTensor's dispatch and what tp does not split
+        compute_s += (layout.accumulation * recompute / layout.pp
+                      * tensor_parallel_overhead_s(cfg, layout.seq_len, layout.tp, layout.sequence_parallel))
     idle = bubble(layout)
     compute_s /= (1 - idle)
     nodes_span = world_size > gpus_per_node
@@ -186,6 +185,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
     dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
+    column, row, _ = tp_linears(shapes)
     blocks_held = len({block_of(s.name) for s in shapes} - {None}) or 1
     per_block = {"column": len(column) // blocks_held, "row": len(row) // blocks_held} if column else None
     calls = collective_calls(layout, len(_unit_numels(shapes)), per_rank["params"], n_layers, per_block=per_block)
