@@ -28,7 +28,7 @@ def _refuse(name):
 if {guard_cuda!r}:
     for name in ("is_available", "device_count", "init", "_lazy_init", "current_device"):
         setattr(torch.cuda, name, _refuse(name))
-cfg = OmegaConf.create({{"device": {device!r}}})
+cfg = OmegaConf.create({{"device": {device!r}, "zero": {{"stage": 1}}, "parallel": {{"pp": 2}}}})
 out = {{}}
 for s in {list(STRATEGIES)!r}:
     mods = strategy_class(s).worker_preload(cfg)
@@ -57,3 +57,12 @@ def test_what_a_gpu_job_preloads_never_asks_cuda():
     got = _preload("cuda", guard_cuda=True)
     assert got["asked"] == [], got["asked"]
     assert got["modules"]["3d"] and got["modules"]["deepspeed"] == []
+
+
+def test_a_job_is_not_made_to_wait_for_costly_modules_its_workers_never_use():
+    from omegaconf import OmegaConf
+
+    from framework.strategies.registry import strategy_class
+    plain = OmegaConf.create({"device": "cpu", "zero": {"stage": 0}, "parallel": {"pp": 1}})
+    assert "torch.distributed.optim" not in strategy_class("ddp").worker_preload(plain)
+    assert "torch.distributed.pipelining" not in strategy_class("3d").worker_preload(plain)

@@ -87,8 +87,8 @@ def tensor_parallel_overhead_s(cfg, seq_len: int, tp: int, sequence_parallel: bo
     of the plain model's time, on one core: DTensor's dispatch (sharding propagation, redistribution,
     the functional collectives' wrappers) around every sharded linear and, with sequence parallelism,
     around the norms and residual adds of the sequence-sharded stream too, plus what tp leaves whole
-    (the gathered logits and their loss). That is ~0.5-1.5 ms an operator on this kind of CPU, where a
-    small model's own operators take tens of microseconds, so it does not shrink with the micro-batch.
+    (the gathered logits and their loss). Dispatch is a cost per operator, not per token (`small` at tp2:
+    35-45 ms a micro-batch here), so one sequence shows it.
     Timed on the job's model and the spec's own plan over a fake process group of `tp` ranks (nothing
     moves; the collectives' latency is the planner's separate term), with one sequence. 0.0 where the
     model has no plan or cannot run so, and where this process already has a process group."""

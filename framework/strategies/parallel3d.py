@@ -57,7 +57,12 @@ class Parallel3DStrategy(TorchStrategy):
     precisions = ("fp32", "bf16")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp")
-    worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied", "torch.distributed.pipelining")
+    worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
+
+    @classmethod
+    def worker_preload(cls, cfg) -> tuple[str, ...]:
+        # pipelining imports dynamo (~0.6 s): only where there are stages
+        return (*cls.worker_modules, *(("torch.distributed.pipelining",) if cfg.parallel.pp != 1 else ()))
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
