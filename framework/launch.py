@@ -198,7 +198,6 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="forkserver",
     )
-    start_fork_server()     # running already when run() started it
     if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         # a joblib (loky) sweep worker: its children could not set up loky's start method
         multiprocessing.set_start_method("spawn", force=True)

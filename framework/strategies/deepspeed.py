@@ -28,6 +28,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 
+def _use_cpu_accelerator() -> None:
+    """DeepSpeed reads its accelerator from the environment once, when first imported."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     checkpoint_format = "deepspeed"
@@ -45,7 +50,7 @@ class DeepSpeedStrategy(Strategy):
         DS_ACCELERATOR first. On a GPU it is left to the workers: its import asks CUDA for devices."""
         if device_type(cfg) != "cpu":
             return ()
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        _use_cpu_accelerator()
         return ("deepspeed",)
 
     @classmethod
@@ -104,7 +109,7 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, cfg):
         super().__init__(cfg)
         if self.device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            _use_cpu_accelerator()
         self.engine = None
         self.run_dir: Optional[str] = None   # set by the trainer; ds_config.json is written there
         self.ds_config: dict = {}
