@@ -16,8 +16,8 @@ from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework
 
 WAIT_S = 0.05
 JOBS = {   # log_every -> (steps, the profiled steps = one log interval's, eval and checkpoint steps)
-    1: (12, (5, 8), ["trainer.eval_every=10", "checkpoint.interval=10"]),
-    10: (30, (11, 20), ["trainer.eval_every=25", "checkpoint.interval=25"]),
+    1: (10, (5, 8), ["trainer.eval_every=9", "checkpoint.interval=9"]),
+    10: (22, (11, 20), ["trainer.eval_every=21", "checkpoint.interval=21"]),
 }
 
 
@@ -82,7 +82,7 @@ def jobs(tmp_path_factory):
     WAIT_S between every two steps."""
     out = {}
     for log_every, (steps, (first, last), extra) in JOBS.items():
-        run_dir = tmp_path_factory.mktemp(f"log_every_{log_every}")
+        run_dir = tmp_path_factory.mktemp(f"log_every_{log_every}_")
         args = [a for a in FAST if not a.startswith(("trainer.max_steps", "trainer.log_every", "checkpoint.enabled"))]
         proc = run_framework([*args, "parallel=ddp", "launcher.nproc_per_node=2", f"trainer.max_steps={steps}",
                               f"trainer.log_every={log_every}", "checkpoint.enabled=true", "trainer.eval_batches=1",
@@ -99,7 +99,7 @@ def test_step_time_holds_the_wait_between_steps_as_the_trace_does(jobs, log_ever
     records, trace, _ = jobs[log_every]
     _, (first, last), _ = JOBS[log_every]
     assert trace["steps"] == list(range(first, last + 1))
-    assert all(r["step_time"] > WAIT_S for r in records if r["step"] > 1), [r["step_time"] for r in records]
+    assert trace["host"] > WAIT_S          # the trace, which is the truth here, holds the wait
     # the records whose steps the trace covers, weighted by their steps
     covered = [(r["step"] - p["step"], r["step_time"]) for p, r in zip(records, records[1:])
                if p["step"] + 1 >= first and r["step"] <= last]
@@ -122,4 +122,4 @@ def test_gpu_check_without_a_gpu_says_so_and_runs_nothing():
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=REPO, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr
-    assert "no GPU" in proc.stdout and "step time" not in proc.stdout
+    assert proc.stdout.splitlines() == ["no GPU visible (torch.cuda.is_available() is False): nothing to check here"]
