@@ -32,7 +32,8 @@ def _user_overrides(run_dir: str) -> list[str]:
 
 def training_line(totals: dict, tokens_per_step: int) -> str:
     """tokens/s of all the loop's training steps together (LogInterval.totals()), beside the parts of
-    the loop that are not training steps: the medians above should agree with it."""
+    the loop that are not training steps, to compare with the records' median at a glance (they part
+    where some intervals are slower: the first steps, profiled steps)."""
     rate = tokens_per_step * totals["steps"] / max(totals["train_time"], 1e-9)
     return (f"  {rate:,.0f} tokens/s over all {totals['steps']} steps: {totals['train_time']:.2f} s training in a "
             f"{totals['loop_time']:.2f} s loop (eval {totals['eval_time']:.2f} s, saves {totals['save_time']:.2f} s, "
