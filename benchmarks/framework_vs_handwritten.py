@@ -24,9 +24,9 @@ last step (step 1 is the initial weights on the first batch: equal means same mo
 
 Noise: on a CPU shared with other jobs, two runs of the same side can differ 2-4x in tokens/s (a process
 with 2 OpenMP threads on 2 busy cores stalls whenever one thread is descheduled), so read the spread before
-the ratio, use --omp-threads 1 there, and more rounds. The framework's step_time covers data, forward,
-backward and optimizer step; the work between its steps (metrics record, the per-step preemption
-all-reduce) is not in it, while the hand-written loop has no such work.
+the ratio, use --omp-threads 1 there, and more rounds. The framework's step_time covers the whole
+loop (data, forward, backward, optimizer step, and the work between its steps: metrics record, the
+per-step preemption all-reduce), while the hand-written loop has no such work.
 """
 from __future__ import annotations
 

@@ -4,8 +4,12 @@ FRAMEWORK_FAULT is a comma-separated list of
 `<point>:<step>[:rank=<r>][:attempt=<a>][:world=<n>][:do=<action>]`.
 Points: `startup` (process group up, before the first step; step = the step it resumes from), `step`
 (after forward/backward of that step, before the optimizer step), `eval`, `save` (half-way through
-writing that step's checkpoint). Without rank=, attempt= or world= it fires on every rank, every restart
-attempt, every world size (world= tells a group before an elastic resize from the one after it). Actions: `kill` (SIGKILL itself, the default) or `hang` (sleep until SIGTERM: a stalled rank).
+writing that step's checkpoint), `between` (after the step's bookkeeping, where the host waits for the
+previous step's preemption vote: on a GPU, where it waits for the device). `<step>` may be `*`: every step.
+Without rank=, attempt= or world= it fires on every rank, every restart attempt, every world size (world=
+tells a group before an elastic resize from the one after it). Actions: `kill` (SIGKILL itself, the
+default), `hang` (sleep until SIGTERM: a stalled rank) or `sleep` with `ms=<n>` (a wait of n ms, then go on:
+a device the host waits for).
 Unset, `inject` is a dictionary lookup and nothing else.
 """
 from __future__ import annotations
@@ -22,7 +26,8 @@ def _faults() -> tuple[dict, ...]:
     faults = []
     for item in filter(None, os.environ.get("FRAMEWORK_FAULT", "").split(",")):
         point, step, *opts = item.strip().split(":")
-        fault = {"point": point, "step": int(step), "rank": None, "attempt": None, "world": None, "do": "kill"}
+        fault = {"point": point, "step": None if step == "*" else int(step), "rank": None, "attempt": None,
+                 "world": None, "do": "kill", "ms": 0}
         for opt in opts:
             key, value = opt.split("=")
             fault[key] = value if key == "do" else int(value)
@@ -37,8 +42,11 @@ def inject(point: str, step: int) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for f in _faults():
-        if ((f["point"], f["step"]) == (point, step) and f["rank"] in (None, rank) and f["attempt"] in (None, attempt)
-                and f["world"] in (None, world)):
+        if (f["point"] == point and f["step"] in (None, step) and f["rank"] in (None, rank)
+                and f["attempt"] in (None, attempt) and f["world"] in (None, world)):
+            if f["do"] == "sleep":
+                time.sleep(f["ms"] / 1000)
+                continue
             if f["do"] == "hang":
                 # Hung in Python, not in a collective: the agent's SIGTERM (it stops the group) ends it at
                 # once instead of after the agent's 30 s grace, and the preemption handler must not

@@ -13,7 +13,7 @@ from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
 from framework.loss import cross_entropy
-from framework.metrics.compile_stats import RecompileWatch, compile_stats
+from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
 from framework.metrics.logger import MetricsLogger, truncate_metrics
 from framework.metrics.memory import IntervalPeakMemory
@@ -88,11 +88,9 @@ class Trainer:
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
         profiler = StepProfiler(t.profile, self.run_dir, s.rank, s.device)
         prefetch = BatchPrefetcher(lambda step: self._local_micro_batches(self.train_data, step))
-        compiled = compile_stats() if t.compile else None
-        recompiles = RecompileWatch()
-        interval = LogInterval()
+        compiles = CompileWatch(t.compile, s.is_main)
         nonfinite = NonFiniteLoss()
-        compile_spent, graphs = 0.0, 0
+        interval = LogInterval()    # the loop's wall time, one record at a time (what step_time covers)
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
@@ -101,11 +99,12 @@ class Trainer:
                 do_eval = t.eval_every and (step % t.eval_every == 0 or is_last)
                 do_sample = t.sample_every and step % t.sample_every == 0
                 logs = do_eval or do_sample or is_last or step == 1 or step % t.log_every == 0
-                profiler.before_step(step)
+                with interval.timed_apart("profile_time"):
+                    profiler.before_step(step)
                 start = time.perf_counter()
-                with profiler.step_context(step):
+                with compiles.step(step, interval):
                     batches = prefetch.get(self.step)
-                    data_time = time.perf_counter() - start
+                    interval.step(data_time=time.perf_counter() - start)
                     loss = s.forward_backward(batches, cross_entropy)
                     faults.inject("step", step)
                     lr = s.current_lr()
@@ -120,54 +119,43 @@ class Trainer:
                         grad_norm = s.optimizer_step(t.grad_clip)
                     if logs:
                         loss, grad_norm = float(loss), float(grad_norm)
-                elapsed = time.perf_counter() - start
-                if compiled is not None:
-                    # compilation is reported on its own: step_time and tokens/s are the compiled step's
-                    now = compile_stats()
-                    spent = now["compile_time"] - compiled["compile_time"]
-                    elapsed = max(elapsed - spent, 1e-9)
-                    compile_spent, graphs, compiled = compile_spent + spent, now["compiled_graphs"], now
-                    recompiles.check(step, graphs, s.is_main)
-                profiler.after_step(step)
-                prefetch.observe(data_time, elapsed)
-                interval.add(elapsed, data_time)
                 self.step = step
                 logger.advance()
                 if logs:
                     nonfinite.check()
-                    timing = interval.record()
-                    tokens_per_sec = tokens_per_step / timing["step_time"]
-                    record = {
-                        "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                        "tokens_per_sec": tokens_per_sec, "world_size": s.world_size, **timing,
-                        "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size),
-                        **memory.read(),
-                        **s.memory_breakdown(),
-                        **s.step_metrics(),
-                        **self.train_data.consumed(step),
-                        **({"compile_time": compile_spent, "compiled_graphs": graphs} if compiled is not None else {}),
-                    }
-                    if do_eval:
-                        faults.inject("eval", step)
-                        record["val_loss"] = self.evaluate()
-                    if do_sample:
-                        record["sample"] = self.sample_text()
-                    logger.log(record)
-                    memory.reset()
-                    interval.reset()
-                    compile_spent = 0.0
+                    record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
+                              **memory.read(), **s.memory_breakdown(), **s.step_metrics(),
+                              **self.train_data.consumed(step), **compiles.record()}
+                    with interval.timed_apart("eval_time"):
+                        if do_eval:
+                            faults.inject("eval", step)
+                            record["val_loss"] = self.evaluate()
+                        if do_sample:
+                            record["sample"] = self.sample_text()
                 saved = finite and checkpoints.should_save(step, is_last)
                 if saved:
                     nonfinite.check()    # never write a non-finite state
-                    checkpoints.save(step)
+                    with interval.timed_apart("save_time"):
+                        checkpoints.save(step)
                     memory.reset()       # checkpoint staging is not a training step's memory
+                if logs:
+                    timing = interval.record()
+                    prefetch.observe(timing["data_time"], timing["step_time"])
+                    tokens_per_sec = tokens_per_step / timing["step_time"]
+                    logger.log({**record, **timing, "tokens_per_sec": tokens_per_sec,
+                                "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size)})
+                    memory.reset()
                 watchdog.beat(step)
-                if not is_last and preemption.stop_requested():
+                if is_last:
+                    break
+                faults.inject("between", step)
+                if preemption.stop_requested():
                     if cfg.checkpoint.enabled and not saved:
                         nonfinite.check()
                         checkpoints.save(step)
                     checkpoints.finish()
                     raise Preempted(step, preemption.received, preemption.signum)
+            totals = interval.totals()
             preemption.finish()
             checkpoints.finish()
         finally:
@@ -177,4 +165,5 @@ class Trainer:
             preemption.close()
             logger.close()
         if s.is_main:
-            print(run_summary(cfg, self.run_dir, time.perf_counter() - started, first_step, self.step), flush=True)
+            print(run_summary(cfg, self.run_dir, time.perf_counter() - started, first_step, self.step, totals),
+                  flush=True)

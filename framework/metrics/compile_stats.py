@@ -2,6 +2,7 @@
 that still grows after the first steps means recompilation (a guard failed: a new shape or dtype)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 
@@ -29,3 +30,29 @@ class RecompileWatch:
                   f"guard failed, usually a new input shape or dtype; TORCH_LOGS=recompiles prints which",
                   file=sys.stderr)
             self.warned = True
+
+
+class CompileWatch:
+    """`trainer.compile`: sets the seconds compiling during a step apart from its step time (as
+    compile_time) and warns on recompiles. Off, it does nothing. Only the step is watched, so a graph
+    that evaluation compiles stays in eval_time and is not set apart twice."""
+
+    def __init__(self, enabled: bool, is_main: bool):
+        self.enabled, self.is_main = enabled, is_main
+        self.recompiles = RecompileWatch()
+        self.graphs = 0
+
+    @contextlib.contextmanager
+    def step(self, step: int, interval):
+        if not self.enabled:
+            yield
+            return
+        before = compile_stats()
+        yield
+        after = compile_stats()
+        interval.set_apart("compile_time", after["compile_time"] - before["compile_time"])
+        self.graphs = after["compiled_graphs"]
+        self.recompiles.check(step, self.graphs, self.is_main)
+
+    def record(self) -> dict[str, int]:
+        return {"compiled_graphs": self.graphs} if self.enabled else {}

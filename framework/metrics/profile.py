@@ -4,10 +4,12 @@ Written to `<run dir>/profile/rank_<r>.pt.trace.json` (Chrome trace format: Perf
 TensorBoard's profiler plugin reads `*.pt.trace.json` from that folder), with CPU activity and, on CUDA,
 kernels and memory. `trainer.profile.memory_snapshot=true` on CUDA also records the allocator history
 over those steps into `rank_<r>.memory.pickle` (pytorch.org/memory_viz). Off (no steps) it is a no-op.
+Each step is a `ProfilerStep#<step>` span (the name TensorBoard's plugin reads) from the start of that
+step to the start of the next, so the spans cover the whole loop, the host's waits between steps too;
+the trace is written when the step after the last begins (or when the run ends).
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -26,8 +28,18 @@ class StepProfiler:
 
     def before_step(self, step: int) -> None:
         """`step` is the 1-based number of the step about to run."""
-        if step != self.first:
-            return
+        if self._prof is not None:
+            self._step_span.__exit__(None, None, None)
+            if step > self.last:
+                self._stop()
+                return
+        elif step == self.first:
+            self._start()
+        if self._prof is not None:
+            self._step_span = torch.profiler.record_function(f"ProfilerStep#{step}")
+            self._step_span.__enter__()
+
+    def _start(self) -> None:
         os.makedirs(self.out, exist_ok=True)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device.type == "cuda":
@@ -38,13 +50,7 @@ class StepProfiler:
                                             profile_memory=True, with_stack=False)
         self._prof.__enter__()
 
-    def step_context(self, step: int):
-        return (torch.profiler.record_function(f"step_{step}") if self._prof is not None
-                else contextlib.nullcontext())
-
-    def after_step(self, step: int) -> None:
-        if self._prof is None or step != self.last:
-            return
+    def _stop(self) -> None:
         self._prof.__exit__(None, None, None)
         self._prof.export_chrome_trace(os.path.join(self.out, f"rank_{self.rank}.pt.trace.json"))
         self._prof = None
@@ -53,5 +59,6 @@ class StepProfiler:
             torch.cuda.memory._record_memory_history(enabled=None)
 
     def close(self) -> None:
-        if self._prof is not None:            # the run ended inside the window: keep what was recorded
-            self.after_step(self.last)
+        if self._prof is not None:            # the run ended inside the window or right after its last step
+            self._step_span.__exit__(None, None, None)
+            self._stop()

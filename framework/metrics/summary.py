@@ -30,7 +30,17 @@ def _user_overrides(run_dir: str) -> list[str]:
         return [o for o in yaml.safe_load(f) or [] if not o.startswith(_REPLACED)]
 
 
-def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_step: int) -> str:
+def training_line(totals: dict, tokens_per_step: int) -> str:
+    """tokens/s of all the loop's training steps together (LogInterval.totals()), beside the parts of
+    the loop that are not training steps, to compare with the records' median at a glance (they part
+    where some intervals are slower: the first steps, profiled steps)."""
+    rate = tokens_per_step * totals["steps"] / max(totals["train_time"], 1e-9)
+    return (f"  {rate:,.0f} tokens/s over all {totals['steps']} steps: {totals['train_time']:.2f} s training in a "
+            f"{totals['loop_time']:.2f} s loop (eval {totals['eval_time']:.2f} s, saves {totals['save_time']:.2f} s, "
+            f"compile {totals['compile_time']:.2f} s, profiler {totals['profile_time']:.2f} s)")
+
+
+def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_step: int, totals: dict) -> str:
     records = _records(run_dir, first_step)
     losses = [r for r in records if "loss" in r]
     vals = [r for r in records if "val_loss" in r]
@@ -40,6 +50,8 @@ def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_st
         lines.append(f"  loss {losses[-1]['loss']:.4f}" + (f", val_loss {vals[-1]['val_loss']:.4f}" if vals else "")
                      + f", {statistics.median(r['tokens_per_sec'] for r in losses):,.0f} tokens/s"
                      + f", MFU {100 * statistics.median(r['mfu'] for r in losses):.2f}% (medians of logged steps)")
+    if totals["steps"]:
+        lines.append(training_line(totals, cfg.trainer.global_batch_size * cfg.data.seq_len))
     lines.append(f"  run dir     {run_dir}")
     found = complete_checkpoints(checkpoint_dir(cfg, run_dir)) if cfg.checkpoint.enabled else []
     if found:
