@@ -168,6 +168,12 @@ class ModelSpec:
         """(config.json key, model key, theirs, ours) for each shape-relevant difference."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
 
+    def hf_function_values(self, hf_config: dict) -> list[tuple[str, str, Any]]:
+        """(config.json key, model key, value) for each key that changes what the model computes but no
+        shape (norm epsilon, RoPE): checkpoint.initial_load takes them unless the command line sets them.
+        Raises hf_files.LayoutError for a config this family cannot compute."""
+        return []
+
     def hf_weights(self, path: str, model_cfg):
         """A reader of an HF-layout dir: .full(our name) -> fp32 tensor, .shape_errors() -> [str]."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")

@@ -43,24 +43,13 @@ class _Weights:
     """A saved HF model read back under the wrapper's parameter names, one tensor at a time."""
 
     def __init__(self, path: str, hf_cfg):
-        from safetensors import safe_open
-        index = os.path.join(path, hf_files.WEIGHTS + ".index.json")
-        if os.path.isfile(index):
-            import json
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        else:
-            files = [hf_files.WEIGHTS]
-        self._files = {}
-        for name in files:
-            handle = safe_open(os.path.join(path, name), framework="pt", device="cpu")
-            self._files.update({key: handle for key in handle.keys()})
+        self._files = hf_files.SafetensorsDir(path)
         self._tied = _tied(hf_cfg)
 
     def _key(self, name: str) -> str:
         key = name[len(PREFIX):] if name.startswith(PREFIX) else name
         if key not in self._files and self._tied and key == "lm_head.weight":
-            key = next(k for k in self._files if k.endswith(("embed_tokens.weight", "wte.weight")))
+            key = next(k for k in self._files.keys() if k.endswith(("embed_tokens.weight", "wte.weight")))
         return key
 
     def shape_errors(self) -> list[str]:
@@ -70,7 +59,7 @@ class _Weights:
         key = self._key(name)
         if key not in self._files:
             raise hf_files.LayoutError(f"{key} is not in the saved weights")
-        return self._files[key].get_tensor(key).float()
+        return self._files.tensor(key).float()
 
 
 class HFSpec(ModelSpec):
@@ -111,8 +100,7 @@ class HFSpec(ModelSpec):
         key, path = ("model.pretrained", m.pretrained) if m.pretrained else ("model.config", m.config)
         if not os.path.exists(path):
             raise ConfigError(key, f"no such file or directory: {path}")
-        if m.pretrained and not (os.path.isfile(os.path.join(path, hf_files.WEIGHTS)) or
-                                 os.path.isfile(os.path.join(path, hf_files.WEIGHTS + ".index.json"))):
+        if m.pretrained and not hf_files.has_weights(path):
             raise ConfigError(key, f"{path} holds no {hf_files.WEIGHTS} (safetensors weights; no hub access here)")
         try:
             hf_cfg = self.hf_cfg(m)
