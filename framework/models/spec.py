@@ -58,9 +58,19 @@ class ModelSpec:
         return None
 
     # ---- build and init ---------------------------------------------------------------------
-    def build(self, model_cfg) -> nn.Module:
-        """The full model, created under the caller's device context (torch.device("meta") included)."""
+    def build(self, model_cfg, load_weights: bool = True) -> nn.Module:
+        """The full model, created under the caller's device context (torch.device("meta") included);
+        with load_weights=False a model that brings its own weights (weights_dir) does not read them."""
         return instantiate(model_dict(model_cfg), _convert_="all")
+
+    def meta_skeleton(self, model_cfg) -> nn.Module:
+        """The model with its parameters on the meta device, for a rank to allocate and fill shard by shard."""
+        with torch.device("meta"):
+            return self.build(model_cfg, load_weights=False)
+
+    def weights_dir(self, model_cfg) -> Optional[str]:
+        """An HF-layout dir the model's own weights come from (model=hf's pretrained); None: initialised."""
+        return None
 
     def init_parameter(self, model_cfg, name: str, tensor: torch.Tensor, seed: int) -> None:
         """Fill the full-size parameter `name` in place from (seed, name)."""

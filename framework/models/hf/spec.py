@@ -1,8 +1,9 @@
 """`model=hf`: the spec of any transformers causal LM.
 
-Built on every rank from torch's seed (or loaded from `pretrained`), then sharded: transformers
-initialises whole modules, not one parameter from (seed, name), so sharded layouts start from the full
-model (DeepSpeed stage 3 too). FSDP units and activation checkpointing take the model's
+A fresh model (`config`) is built on every rank from torch's seed, then sharded: transformers
+initialises whole modules, not one parameter from (seed, name). A `pretrained` one under a sharded
+layout (fsdp, 3d, DeepSpeed stage 3) is built with its parameters on the meta device (or partitioned
+by zero.Init) and each rank reads only its own shards from the safetensors files, by name. FSDP units and activation checkpointing take the model's
 `_no_split_modules`. Checkpoints hold the wrapper's names (`model.` + transformers' names); export
 strips that prefix and writes config.json + model.safetensors, the layout `from_pretrained` loads (and
 our own families load too, as they speak the same layout). Tensor and pipeline parallelism are refused:
@@ -18,7 +19,7 @@ import torch
 
 from framework.config.errors import ConfigError
 from framework.models import hf_files
-from framework.models.hf.model import HFCausalLM, hf_config_of
+from framework.models.hf.model import HFCausalLM, hf_config_of, parameters_on_meta, require_transformers
 from framework.models.spec import ModelSpec, model_dict
 
 PREFIX = "model."
@@ -56,10 +57,17 @@ class _Weights:
         return []     # the model is built from this very config.json: its shapes are the weights'
 
     def full(self, name: str) -> torch.Tensor:
+        return self._files.tensor(self._present(name)).float()
+
+    def part(self, name: str, index: tuple) -> torch.Tensor:
+        """Only `index` (a shard's slices) of the tensor, read from disk alone."""
+        return self._files.slice(self._present(name), index).float()
+
+    def _present(self, name: str) -> str:
         key = self._key(name)
         if key not in self._files:
             raise hf_files.LayoutError(f"{key} is not in the saved weights")
-        return self._files.tensor(key).float()
+        return key
 
 
 class HFSpec(ModelSpec):
@@ -72,6 +80,17 @@ class HFSpec(ModelSpec):
     def model_class(self) -> type:
         return HFCausalLM
 
+    def build(self, model_cfg, load_weights: bool = True):
+        m = model_dict(model_cfg)
+        return HFCausalLM(m.get("pretrained"), m.get("config"), load_weights=load_weights)
+
+    def meta_skeleton(self, model_cfg):
+        with parameters_on_meta():     # transformers' RoPE buffers are computed, not read: keep them real
+            return self.build(model_cfg, load_weights=False)
+
+    def weights_dir(self, model_cfg):
+        return model_dict(model_cfg).get("pretrained")
+
     def hf_cfg(self, model_cfg):
         m = model_dict(model_cfg)
         return hf_config_of(m.get("pretrained"), m.get("config"))
@@ -83,9 +102,8 @@ class HFSpec(ModelSpec):
         return model.block_classes()
 
     def num_params(self, model_cfg) -> int:
-        from transformers import AutoModelForCausalLM
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg))
+            model = require_transformers().AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg))
         return sum(p.numel() for p in model.parameters())
 
     def context_length(self, model_cfg):
@@ -93,6 +111,7 @@ class HFSpec(ModelSpec):
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
     def validate(self, cfg) -> None:
+        require_transformers()
         m = cfg.model
         if bool(m.pretrained) == bool(m.config):
             raise ConfigError("model.pretrained", "model=hf needs exactly one of model.pretrained=<local dir with "

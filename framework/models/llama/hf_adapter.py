@@ -193,6 +193,13 @@ class HFWeights:
         heads = _heads(name, self.args)
         return halves_to_interleaved(w, heads) if heads else w
 
+    def part(self, name: str, index: tuple) -> torch.Tensor:
+        """Only `index` (a shard's slices) of our parameter `name`; a q/k projection, whose rows are
+        reordered within each head, is read whole first."""
+        if _heads(name, self.args):
+            return self.full(name)[index]
+        return self._files.slice(hf_name(name, self.args), index).float()
+
 
 @torch.no_grad()
 def load_into(model: torch.nn.Module, path: str) -> None:
