@@ -170,8 +170,10 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs):
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    for stale in ("model.safetensors.index.json", "model-00001-of-00002.safetensors"):   # an older sharded model
+        (out / stale).write_text("old")
     _refused(export(step_dir(runs("fsdp_z3")), out), "--force")
-    assert os.listdir(out) == ["keep.txt"]
+    assert len(os.listdir(out)) == 3
     assert export(step_dir(runs("fsdp_z3")), out, "--force").returncode == 0
     assert sorted(os.listdir(out)) == ["config.json", "keep.txt", "model.safetensors", "tokenizer.json",
                                        "tokenizer_config.json"]

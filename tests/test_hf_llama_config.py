@@ -100,6 +100,9 @@ def test_a_command_line_value_contradicting_the_checkpoint_is_refused_naming_bot
     assert e.value.key == "model.norm_eps" and "1e-05" in str(e.value) and "1e-06" in str(e.value)
     cfg, _ = _imported(compose_config, path, "model.norm_eps=1e-6", explicit={"model.norm_eps"})   # agreeing
     assert cfg.model.norm_eps == 1e-6
+    with pytest.raises(ConfigError, match="model.rope_scaling: .*'factor': 4.*'factor': 8.0"):
+        _imported(compose_config, checkpoints["llama3_rope"][0], "model.rope_scaling.rope_type=llama3",
+                  "model.rope_scaling.factor=4", explicit={"model.rope_scaling.factor", "model.rope_scaling.rope_type"})
 
 
 def test_an_unknown_rope_type_is_refused_in_one_line(compose_config, checkpoints, tmp_path):
@@ -114,7 +117,11 @@ def test_an_unknown_rope_type_is_refused_in_one_line(compose_config, checkpoints
     assert e.value.key == "checkpoint.initial_load" and "'yarn'" in str(e.value) and "\n" not in str(e.value)
 
 
-def test_a_model_rope_scaling_of_another_type_is_refused(compose_config):
-    from framework.models.llama.spec import validate_rope_scaling
-    with pytest.raises(ConfigError, match="rope_type 'linear' is not implemented"):
-        validate_rope_scaling({"rope_type": "linear", "factor": 2.0})
+def test_model_rope_scaling_from_the_command_line(compose_config):
+    cfg = compose_config(["model=tiny", "model.rope_scaling={rope_type:linear,factor:2.0}"])
+    with pytest.raises(ConfigError, match="'linear' is not implemented"):
+        spec_for(cfg.model).validate(cfg)
+    cfg = compose_config(["model=tiny", "model.rope_scaling={rope_type:llama3,factor:8,low_freq_factor:1,"
+                                        "high_freq_factor:4,original_max_position_embeddings:32}"])
+    spec_for(cfg.model).validate(cfg)
+    assert Llama(**model_kwargs(cfg.model)).args.rope_scaling["factor"] == 8

@@ -200,10 +200,10 @@ def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> N
         now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
         if now == theirs:
             continue
-        if is_explicit(f"model.{ours}", explicit):
+        if is_explicit(f"model.{ours}", explicit) or any(k.startswith(f"model.{ours}.") for k in explicit):
             raise ConfigError(f"model.{ours}", f"{now} contradicts {hf_key}={theirs} in {path}/{hf_files.CONFIG}; "
                                                f"drop model.{ours} to take the checkpoint's")
-        cfg.model[ours] = theirs
+        OmegaConf.update(cfg, f"model.{ours}", theirs, merge=True)
     try:
         mismatches = spec.hf_mismatches(hf, cfg.model)
         errors = [] if mismatches else spec.hf_weights(path, cfg.model).shape_errors()

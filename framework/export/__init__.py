@@ -2,6 +2,7 @@
 in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -118,5 +119,9 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
             return
         for name in names:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        # a sharded model's index would be read instead of the file just written
+        for stale in glob.glob(os.path.join(out_dir, "model-*-of-*.safetensors")) + \
+                glob.glob(os.path.join(out_dir, hf_files.INDEX)):
+            os.remove(stale)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

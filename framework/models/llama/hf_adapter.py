@@ -12,7 +12,7 @@ import re
 import torch
 
 from framework.models.hf_files import LayoutError, SafetensorsDir, read_config
-from framework.models.llama.model import ROPE_SCALING_KEYS, LlamaArgs
+from framework.models.llama.model import ROPE_SCALING_KEYS, ROPE_TYPES, LlamaArgs, rope_scaling_dict
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -98,27 +98,28 @@ def to_hf(state: dict[str, torch.Tensor], args: LlamaArgs) -> dict[str, torch.Te
     return out
 
 
-def rope_of(hf: dict) -> tuple[float, dict | None]:
+def rope_of(hf: dict) -> tuple[float, dict]:
     """(rope_theta, our rope_scaling) of a config.json, whichever way transformers wrote it: `rope_theta` +
     `rope_scaling` (before v5) or `rope_parameters` (v5). Raises LayoutError for a RoPE this Llama lacks."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type == "default":
-        return theta, None
-    if rope_type != "llama3":
-        raise LayoutError(f"rope_type {rope_type!r} is not implemented here; this Llama computes default and "
-                          f"llama3 RoPE only")
+        return theta, rope_scaling_dict({})
+    if rope_type not in ROPE_TYPES:
+        raise LayoutError(f"rope_type {rope_type!r} is not implemented here; this Llama computes "
+                          f"{' and '.join(ROPE_TYPES)} RoPE only")
     missing = [k for k in ROPE_SCALING_KEYS if k not in params]
     if missing:
         raise LayoutError(f"llama3 rope scaling lacks {', '.join(missing)}")
-    return theta, {"rope_type": "llama3", **{k: params[k] for k in ROPE_SCALING_KEYS}}
+    return theta, {"rope_type": rope_type, **{k: params[k] for k in ROPE_SCALING_KEYS}}
 
 
 def hf_config(args: LlamaArgs) -> dict:
-    rope = {"rope_type": "default", "rope_theta": args.rope_theta}
-    if args.rope_scaling:
-        rope = {**dict(args.rope_scaling), "rope_theta": args.rope_theta}
+    scaling = rope_scaling_dict(args.rope_scaling)
+    scaled = scaling["rope_type"] != "default"
+    rope = {**scaling, "rope_theta": args.rope_theta} if scaled else {"rope_type": "default",
+                                                                       "rope_theta": args.rope_theta}
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": args.dim, "intermediate_size": args.hidden_dim, "num_hidden_layers": args.n_layers,
@@ -128,8 +129,8 @@ def hf_config(args: LlamaArgs) -> dict:
         "tie_word_embeddings": args.tie_embeddings, "attention_bias": False, "mlp_bias": False,
         "torch_dtype": "float32",
     }
-    if args.rope_scaling:   # what transformers before v5 reads
-        config["rope_scaling"] = dict(args.rope_scaling)
+    if scaled:   # what transformers before v5 reads
+        config["rope_scaling"] = scaling
     return config
 
 

@@ -9,14 +9,32 @@ and output head may be None on pipeline stages that do not hold them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from framework.models.seeding import param_seed
+
+
+@dataclass
+class RopeScaling:
+    """Rotary frequencies as Hugging Face's rope_parameters names them. rope_type default: plain RoPE (the
+    other keys unused); llama3: Llama 3.1's long-context scaling (these defaults are Meta's)."""
+    rope_type: str = "default"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+def rope_scaling_dict(scaling) -> dict:
+    """A RopeScaling, a dict or a DictConfig (as configs hand it over) as a plain dict with every key."""
+    if is_dataclass(scaling):
+        return asdict(scaling)
+    return {**asdict(RopeScaling()), **dict(scaling or {})}
 
 
 @dataclass
@@ -30,9 +48,7 @@ class LlamaArgs:
     multiple_of: int = 32
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    # Llama 3.1's long-context RoPE, as Hugging Face writes it: {rope_type: llama3, factor, low_freq_factor,
-    # high_freq_factor, original_max_position_embeddings}; None = plain RoPE
-    rope_scaling: Optional[Dict[str, Any]] = None
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_seq_len: int = 2048
     tie_embeddings: bool = False
     init_std: float = 0.02
@@ -81,6 +97,7 @@ class RMSNorm(nn.Module):
 
 
 ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_TYPES = ("default", "llama3")
 
 
 def llama3_frequencies(freqs: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -94,9 +111,10 @@ def llama3_frequencies(freqs: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 def rope_tables(head_dim: int, seq_len: int, theta: float, device=None,
-                scaling: Optional[dict] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    if scaling:
+    scaling = rope_scaling_dict(scaling)
+    if scaling["rope_type"] == "llama3":
         freqs = llama3_frequencies(freqs, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
     return angles.cos(), angles.sin()

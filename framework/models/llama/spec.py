@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 from framework.config.errors import ConfigError
 from framework.models.llama import hf_adapter
-from framework.models.llama.model import ROPE_SCALING_KEYS, Llama, LlamaArgs, TransformerBlock, init_parameter
+from framework.models.llama.model import (ROPE_SCALING_KEYS, ROPE_TYPES, Llama, LlamaArgs, TransformerBlock,
+                                          init_parameter, rope_scaling_dict)
 from framework.models.native_spec import NativeDecoderSpec
 
 
@@ -15,15 +16,16 @@ class LlamaModelConfig(LlamaArgs):
 
 
 def validate_rope_scaling(scaling) -> None:
-    if not scaling:
-        return
+    scaling = rope_scaling_dict(scaling)
     key = "model.rope_scaling"
-    if scaling.get("rope_type") != "llama3":
-        raise ConfigError(key, f"rope_type {scaling.get('rope_type')!r} is not implemented; give rope_type: llama3 "
-                               f"with {', '.join(ROPE_SCALING_KEYS)}, or null for plain RoPE")
+    if scaling["rope_type"] not in ROPE_TYPES:
+        raise ConfigError(f"{key}.rope_type", f"{scaling['rope_type']!r} is not implemented; use "
+                                              f"{' or '.join(ROPE_TYPES)}")
+    if scaling["rope_type"] == "default":
+        return
     for k in ROPE_SCALING_KEYS:
-        if not isinstance(scaling.get(k), (int, float)) or scaling[k] <= 0:
-            raise ConfigError(f"{key}.{k}", f"must be a positive number, got {scaling.get(k)}")
+        if not isinstance(scaling[k], (int, float)) or scaling[k] <= 0:
+            raise ConfigError(f"{key}.{k}", f"must be a positive number, got {scaling[k]}")
     if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
         raise ConfigError(f"{key}.high_freq_factor", f"{scaling['high_freq_factor']} must exceed "
                                                      f"low_freq_factor={scaling['low_freq_factor']}")
