@@ -22,6 +22,7 @@ class ModelFactory:
         self.seed = cfg.seed
         self.initial_load = cfg.checkpoint.initial_load
         self.spec: ModelSpec = spec_for(cfg.model)
+        self.spec.prepare(cfg.model)
         # where the initial weights are read from: the user's initial_load over the model's own
         self.weights_dir = self.initial_load or self.spec.weights_dir(cfg.model)
         self._hf_weights = None

@@ -63,6 +63,10 @@ class ModelSpec:
         with load_weights=False a model that brings its own weights (weights_dir) does not read them."""
         return instantiate(model_dict(model_cfg), _convert_="all")
 
+    def prepare(self, model_cfg) -> None:
+        """Import what build needs, before any construction context (deepspeed.zero.Init patches tensor
+        creation, which modules imported inside it may not survive)."""
+
     def meta_skeleton(self, model_cfg) -> nn.Module:
         """The model with its parameters on the meta device, for a rank to allocate and fill shard by shard."""
         with torch.device("meta"):

@@ -84,6 +84,10 @@ class HFSpec(ModelSpec):
         m = model_dict(model_cfg)
         return HFCausalLM(m.get("pretrained"), m.get("config"), load_weights=load_weights)
 
+    def prepare(self, model_cfg):
+        # transformers imports an architecture's modeling module on first use
+        require_transformers().AutoModelForCausalLM._model_mapping[type(self.hf_cfg(model_cfg))]
+
     def meta_skeleton(self, model_cfg):
         with parameters_on_meta():     # transformers' RoPE buffers are computed, not read: keep them real
             return self.build(model_cfg, load_weights=False)
