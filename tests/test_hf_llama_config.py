@@ -105,16 +105,20 @@ def test_a_command_line_value_contradicting_the_checkpoint_is_refused_naming_bot
                   "model.rope_scaling.factor=4", explicit={"model.rope_scaling.factor", "model.rope_scaling.rope_type"})
 
 
-def test_an_unknown_rope_type_is_refused_in_one_line(compose_config, checkpoints, tmp_path):
+@pytest.mark.parametrize("change,words", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}}, "'yarn'"),
+    ({"hidden_act": "gelu"}, "hidden_act=gelu"),
+    ({"attention_bias": True}, "attention_bias=True"),
+])
+def test_what_this_llama_cannot_compute_is_refused_in_one_line(compose_config, checkpoints, tmp_path, change, words):
     import shutil
-    path = tmp_path / "yarn"
+    path = tmp_path / "changed"
     shutil.copytree(checkpoints["defaults"][0], path)
     config = json.loads((path / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
-    (path / "config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ConfigError) as e:
         _imported(compose_config, path)
-    assert e.value.key == "checkpoint.initial_load" and "'yarn'" in str(e.value) and "\n" not in str(e.value)
+    assert e.value.key == "checkpoint.initial_load" and words in str(e.value) and "\n" not in str(e.value)
 
 
 def test_model_rope_scaling_from_the_command_line(compose_config):

@@ -134,9 +134,24 @@ def hf_config(args: LlamaArgs) -> dict:
     return config
 
 
+# config.json values our Llama has no counterpart for: such a checkpoint would load and compute another function
+_FIXED = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+
+
+def _refuse_what_this_llama_lacks(hf: dict) -> None:
+    for key, ours in _FIXED.items():
+        if hf.get(key, ours) != ours:
+            raise LayoutError(f"{key}={hf[key]}; this Llama computes only {key}={ours}")
+    head_dim = hf.get("head_dim")
+    if head_dim and head_dim != hf["hidden_size"] // hf["num_attention_heads"]:
+        raise LayoutError(f"head_dim={head_dim} is not hidden_size / num_attention_heads "
+                          f"({hf['hidden_size'] // hf['num_attention_heads']}), which this Llama requires")
+
+
 def function_values(hf: dict) -> list[tuple[str, str, object]]:
     """(config.json key, our model key, value) for what changes the function without changing a shape:
     the checkpoint's values, which initial_load adopts unless the command line sets them."""
+    _refuse_what_this_llama_lacks(hf)
     theta, scaling = rope_of(hf)
     return [("rms_norm_eps", "norm_eps", float(hf.get("rms_norm_eps", 1e-6))),
             ("rope_theta", "rope_theta", theta), ("rope_scaling", "rope_scaling", scaling),
