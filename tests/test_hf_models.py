@@ -160,7 +160,8 @@ def test_a_pretrained_model_is_read_by_name_into_a_meta_skeleton(saved, monkeypa
     monkeypatch.setattr(_Weights, "full", lambda *a: pytest.fail("read a whole tensor for one shard"))
     for name, p in model.named_parameters():
         second_half = (slice(p.shape[0] // 2, p.shape[0]),)
-        assert torch.equal(factory.full_parameter(name, p.shape, second_half), theirs[name[len("model."):]][second_half])
+        expected = theirs[name[len("model."):]][second_half]
+        assert torch.equal(factory.full_parameter(name, p.shape, second_half), expected)
     monkeypatch.undo()
     factory.materialize(model, torch.device("cpu"))
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))

@@ -2,9 +2,10 @@
 
 A fresh model (`config`) is built on every rank from torch's seed, then sharded: transformers
 initialises whole modules, not one parameter from (seed, name). A `pretrained` one under a sharded
-layout (fsdp, 3d, DeepSpeed stage 3) is built with its parameters on the meta device (or partitioned
-by zero.Init) and each rank reads only its own shards from the safetensors files, by name. FSDP units and activation checkpointing take the model's
-`_no_split_modules`. Checkpoints hold the wrapper's names (`model.` + transformers' names); export
+layout is never whole on a rank: under fsdp it is built with its parameters on the meta device and each
+rank reads only its shards' slices from the safetensors files, by name; under DeepSpeed stage 3 zero.Init
+partitions it as it is built and each rank reads one tensor at a time, keeping its flat partition.
+FSDP units and activation checkpointing take the model's `_no_split_modules`. Checkpoints hold the wrapper's names (`model.` + transformers' names); export
 strips that prefix and writes config.json + model.safetensors, the layout `from_pretrained` loads (and
 our own families load too, as they speak the same layout). Tensor and pipeline parallelism are refused:
 the spec has no plan of its own for arbitrary architectures.
