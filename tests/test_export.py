@@ -170,8 +170,36 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs):
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
+    for stale in ("model.safetensors.index.json", "model-00001-of-00002.safetensors"):   # an older sharded model
+        (out / stale).write_text("old")
     _refused(export(step_dir(runs("fsdp_z3")), out), "--force")
-    assert os.listdir(out) == ["keep.txt"]
+    assert len(os.listdir(out)) == 3
     assert export(step_dir(runs("fsdp_z3")), out, "--force").returncode == 0
     assert sorted(os.listdir(out)) == ["config.json", "keep.txt", "model.safetensors", "tokenizer.json",
                                        "tokenizer_config.json"]
+
+
+def test_export_keeps_the_tokenizers_own_special_tokens(tmp_path):
+    """bos/eos/unk as the tokenizer defines them (was: all three set to the end-of-text token)."""
+    from framework.data.tokenizer import byte_tokenizer, write_hf_files
+    from tests.test_prepare import llama_style_tokenizer
+    for name in ("llama", "bytes"):
+        (tmp_path / name).mkdir()
+    write_hf_files(llama_style_tokenizer(), str(tmp_path / "llama"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "llama")
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == ("<s>", "</s>", "<unk>")
+    assert tok("third").input_ids == [0, 5]
+    write_hf_files(byte_tokenizer(), str(tmp_path / "bytes"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "bytes")
+    assert (tok.bos_token, tok.eos_token, tok.unk_token) == (None, "<|endoftext|>", None)
+
+
+def test_export_fills_missing_special_token_ids_and_keeps_the_models_own():
+    from framework.export import _fill_special_token_ids
+    from tests.test_prepare import llama_style_tokenizer
+    config = {"vocab_size": 300, "eos_token_id": 7}
+    _fill_special_token_ids(config, llama_style_tokenizer())
+    assert config == {"vocab_size": 300, "eos_token_id": 7, "bos_token_id": 0}
+    config = {"vocab_size": 300}
+    _fill_special_token_ids(config, llama_style_tokenizer())
+    assert config == {"vocab_size": 300, "eos_token_id": 1, "bos_token_id": 0}

@@ -125,3 +125,32 @@ def test_cli_reports_what_it_wrote(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {tmp_path / 'out'}: 12 tokens, 1 documents, 1 shards of uint16, vocab 257")
     assert read_manifest(str(tmp_path / "out"))["tokenizer"] == "tokenizer.json"
+
+
+def llama_style_tokenizer() -> Tokenizer:
+    """A tokenizer whose post-processor begins each text with <s>, as Llama's tokenizers do."""
+    from tokenizers import processors
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(["first", "document", "third"])}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])])
+    return tok
+
+
+def test_documents_begin_with_the_bos_the_tokenizer_adds(tmp_path):
+    tok = llama_style_tokenizer()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ("first document", "third")))
+    manifest = prepare([str(tmp_path / "docs.jsonl")], str(tmp_path / "tokenizer.json"), str(tmp_path / "out"))
+    # what the tokenizer itself gives for a text, then the end-of-text token
+    assert _decode_documents(tmp_path / "out") == [tok.encode(t).ids + [1] for t in ("first document", "third")]
+    assert manifest["bos_ids"] == [0] and _decode_documents(tmp_path / "out")[0][0] == 0
+
+
+def test_a_tokenizer_without_bos_adds_none(tmp_path):
+    (tmp_path / "doc.txt").write_text("third")
+    manifest = prepare([str(tmp_path / "doc.txt")], "bytes", str(tmp_path / "out"))
+    assert manifest["bos_ids"] == [] and _decode_documents(tmp_path / "out") == [list(b"third") + [256]]

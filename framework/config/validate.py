@@ -17,7 +17,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.config.errors import ConfigError
-from framework.config.explicit import hydra_explicit_keys
+from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
@@ -174,19 +174,37 @@ def validate_sampling(cfg) -> None:
                                                   f"none: set data.tokenizer=/path/to/tokenizer.json")
 
 
-def validate_initial_load(cfg, path: str) -> None:
-    """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's."""
+def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> None:
+    """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's. What changes
+    the function but no shape (norm epsilon, RoPE) is taken from config.json into cfg.model, unless the
+    user set it (`explicit`) to something else: that is refused, naming both values."""
     key = "checkpoint.initial_load"
     _importable("model._target_", cfg.model._target_)
     spec = spec_for(cfg.model)
     if not spec.has_hf_layout:
         raise ConfigError(key, f"loads Hugging Face weights into models with an HF layout (llama), not "
                                f"{cfg.model.get('_target_')} (model spec {spec.name})")
-    for name in (hf_files.CONFIG, hf_files.WEIGHTS):
-        if not os.path.isfile(os.path.join(path, name)):
-            raise ConfigError(key, f"{path} has no {name}; write one with `python -m framework.export`")
+    if not os.path.isfile(os.path.join(path, hf_files.CONFIG)) or not hf_files.has_weights(path):
+        missing = hf_files.CONFIG if not os.path.isfile(os.path.join(path, hf_files.CONFIG)) else \
+            f"{hf_files.WEIGHTS} (or {hf_files.INDEX} and its shards)"
+        raise ConfigError(key, f"{path} has no {missing}; write one with `python -m framework.export`")
     try:
         hf = hf_files.read_config(path)
+        values = spec.hf_function_values(hf)
+    except hf_files.LayoutError as e:
+        raise ConfigError(key, f"{path}/{hf_files.CONFIG}: {e}") from None
+    except Exception as e:
+        raise ConfigError(key, f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    for hf_key, ours, theirs in values:
+        now = cfg.model.get(ours)
+        now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
+        if now == theirs:
+            continue
+        if is_explicit(f"model.{ours}", explicit) or any(k.startswith(f"model.{ours}.") for k in explicit):
+            raise ConfigError(f"model.{ours}", f"{now} contradicts {hf_key}={theirs} in {path}/{hf_files.CONFIG}; "
+                                               f"drop model.{ours} to take the checkpoint's")
+        OmegaConf.update(cfg, f"model.{ours}", theirs, merge=True)
+    try:
         mismatches = spec.hf_mismatches(hf, cfg.model)
         errors = [] if mismatches else spec.hf_weights(path, cfg.model).shape_errors()
     except Exception as e:
@@ -195,10 +213,10 @@ def validate_initial_load(cfg, path: str) -> None:
         hf_key, ours, theirs, now = mismatches[0]
         raise ConfigError(key, f"{path}/{hf_files.CONFIG} has {hf_key}={theirs} but model.{ours} gives {now}")
     if errors:
-        raise ConfigError(key, f"{path}/{hf_files.WEIGHTS}: {errors[0]}")
+        raise ConfigError(key, f"{path}: {errors[0]}")
 
 
-def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
+def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
     if t.on_nonfinite not in ("abort", "skip"):
         raise ConfigError("trainer.on_nonfinite", f"unknown policy {t.on_nonfinite!r}; use abort or skip")
@@ -212,7 +230,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
     if c.initial_load is not None and not os.path.isdir(c.initial_load):
         raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
     if c.initial_load is not None:
-        validate_initial_load(cfg, c.initial_load)
+        validate_initial_load(cfg, c.initial_load, explicit)
     if run_dir is None:
         return
     path = resolve_resume(cfg, run_dir)
@@ -255,7 +273,8 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
-    strategy_cls.adopt_user_files(cfg, world_size, hydra_explicit_keys() if explicit is None else explicit)
+    explicit = hydra_explicit_keys() if explicit is None else explicit
+    strategy_cls.adopt_user_files(cfg, world_size, explicit)
     fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")
@@ -287,7 +306,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     validate_data_files(cfg)
     validate_sampling(cfg)
     validate_profile(cfg)
-    validate_checkpoint(cfg, strategy_cls, run_dir)
+    validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
     strategy_cls.validate_batch(cfg, world_size)

@@ -27,24 +27,28 @@ BATCH_CHARS = 1 << 20   # text per task: large enough to amortise the pickling, 
 
 _worker_tokenizer = None
 _worker_eos = 0
+_worker_bos: list[int] = []
 
 
-def _init_worker(tokenizer_json: str, eos_id: int) -> None:
-    global _worker_tokenizer, _worker_eos
+def _init_worker(tokenizer_json: str, eos_id: int, bos_ids: list[int]) -> None:
+    global _worker_tokenizer, _worker_eos, _worker_bos
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer
     _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
-    _worker_eos = eos_id
+    _worker_eos, _worker_bos = eos_id, bos_ids
 
 
 def encode_documents(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(all ids with EOS after each document, per-document lengths including that EOS)."""
+    """(all ids: each document as the tokenizer begins a text (its BOS, where it has one), then EOS;
+    per-document lengths including both)."""
     encoded = _worker_tokenizer.encode_batch(texts, add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
+    bos = len(_worker_bos)
+    lengths = np.fromiter((bos + len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
     ids = np.empty(int(lengths.sum()), dtype=np.uint32)
     ends = np.cumsum(lengths)
     for e, end, length in zip(encoded, ends, lengths):
-        ids[end - length:end - 1] = e.ids
+        ids[end - length:end - length + bos] = _worker_bos
+        ids[end - length + bos:end - 1] = e.ids
     ids[ends - 1] = _worker_eos
     return ids, lengths
 
@@ -76,6 +80,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     files = expand_inputs(inputs)
     tok = tokenizers_.build(tokenizer_spec, all_documents(files, text_key))
     eos_token, eos_id = tokenizers_.eos_token(tok)
+    bos_ids = tokenizers_.bos_ids(tok)
     vocab = tokenizers_.vocab_size(tok)
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
@@ -87,7 +92,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
         writer = ShardWriter(tmp, token_dtype(vocab), shard_tokens)
         start = time.perf_counter()
         os.environ["TOKENIZERS_PARALLELISM"] = "false"   # before forking: each worker is one core
-        with multiprocessing.get_context("fork").Pool(workers, _init_worker, (tok.to_str(), eos_id)) as pool, \
+        with multiprocessing.get_context("fork").Pool(workers, _init_worker, (tok.to_str(), eos_id, bos_ids)) as pool, \
                 _progress() as bar:
             for ids, lengths in pool.imap(encode_documents, _batches(all_documents(files, text_key))):
                 writer.write_documents(ids, lengths)
@@ -96,7 +101,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
         if writer.tokens == 0:
             raise DocumentError(f"{', '.join(files)}: no documents")
         manifest = writer.finish(
-            vocab_size=vocab, eos_id=eos_id, eos_token=eos_token, tokenizer=tokenizers_.TOKENIZER_FILE,
+            vocab_size=vocab, eos_id=eos_id, eos_token=eos_token, bos_ids=bos_ids, tokenizer=tokenizers_.TOKENIZER_FILE,
             tokenizer_sha256=file_sha256(os.path.join(tmp, tokenizers_.TOKENIZER_FILE)),
             inputs=[os.path.abspath(p) for p in files], text_key=text_key,
             seconds=round(seconds, 3), tokens_per_sec=round(writer.tokens / max(seconds, 1e-9)))

@@ -93,6 +93,44 @@ def eos_token(tok: Tokenizer) -> tuple[str, int]:
     raise TokenizerError(f"the tokenizer has none of the end-of-text tokens {', '.join(EOS_CANDIDATES)}")
 
 
+def _template_processors(post: dict | None) -> Iterator[dict]:
+    if not post:
+        return
+    if post.get("type") == "Sequence":
+        for inner in post.get("processors", []):
+            yield from _template_processors(inner)
+    else:
+        yield post
+
+
+def bos_ids(tok: Tokenizer) -> list[int]:
+    """The ids the tokenizer's own post-processor puts before a single text (a Llama tokenizer's
+    <|begin_of_text|> or <s>; BERT-style [CLS]); [] where it adds none (GPT-2, bytes)."""
+    post = json.loads(tok.to_str()).get("post_processor")
+    for proc in _template_processors(post):
+        if proc.get("type") in ("RobertaProcessing", "BertProcessing"):
+            return [proc["cls"][1]]
+        if proc.get("type") == "TemplateProcessing":
+            ids = []
+            for piece in proc.get("single", []):
+                if "Sequence" in piece:
+                    return ids
+                ids += proc["special_tokens"][piece["SpecialToken"]["id"]]["ids"]
+    return []
+
+
+def special_tokens(tok: Tokenizer) -> dict[str, str]:
+    """bos/eos/unk tokens as this tokenizer defines them (a kind it lacks is left out)."""
+    out = {"eos_token": eos_token(tok)[0]}
+    bos = bos_ids(tok)
+    if bos:
+        out["bos_token"] = tok.id_to_token(bos[0])
+    unk = getattr(tok.model, "unk_token", None)
+    if unk and tok.token_to_id(unk) is not None:
+        out["unk_token"] = unk
+    return out
+
+
 def vocab_size(tok: Tokenizer) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
@@ -127,11 +165,11 @@ def of_data(data_cfg) -> Tokenizer | None:
 
 
 def write_hf_files(tok: Tokenizer, out_dir: str) -> list[str]:
-    """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer."""
-    token, _ = eos_token(tok)
+    """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer, with
+    the tokenizer's own special tokens."""
     tok.save(os.path.join(out_dir, TOKENIZER_FILE))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": token, "bos_token": token,
-              "unk_token": token, "model_max_length": 1_000_000, "clean_up_tokenization_spaces": False}
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens(tok), "model_max_length": 1_000_000,
+              "clean_up_tokenization_spaces": False}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return [TOKENIZER_FILE, "tokenizer_config.json"]

@@ -2,6 +2,7 @@
 in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter)."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -77,10 +78,19 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
         raise ExportError(f"{step_dir}: {e}") from None
     config = spec.hf_config(model)
     tok = _tokenizer(step_dir)
-    if tok is not None and tokenizers_.eos_token(tok)[1] < config["vocab_size"]:   # byte-level models have no EOS row
-        config["eos_token_id"] = tokenizers_.eos_token(tok)[1]
+    if tok is not None:
+        _fill_special_token_ids(config, tok)
     _write(out_dir, tensors, config, tok)
     return config
+
+
+def _fill_special_token_ids(config: dict, tok) -> None:
+    """bos/eos ids from the tokenizer where the model's config.json names none (a pretrained model's own are
+    kept) and the model has a row for them (byte-level models have no EOS row)."""
+    bos = tokenizers_.bos_ids(tok)
+    for key, token_id in (("eos_token_id", tokenizers_.eos_token(tok)[1]), ("bos_token_id", bos[0] if bos else None)):
+        if config.get(key) is None and token_id is not None and token_id < config["vocab_size"]:
+            config[key] = token_id
 
 
 def _tokenizer(step_dir: str):
@@ -109,5 +119,9 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
             return
         for name in names:
             os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+        # a sharded model's index would be read instead of the file just written
+        for stale in glob.glob(os.path.join(out_dir, "model-*-of-*.safetensors")) + \
+                glob.glob(os.path.join(out_dir, hf_files.INDEX)):
+            os.remove(stale)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

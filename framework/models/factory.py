@@ -1,9 +1,10 @@
 """How a strategy gets its model, without knowing which model it is.
 
 Called as a function it returns the full model, initialised (seeded by name where the spec can, else
-from torch's global seed) or loaded from checkpoint.initial_load. Sharded layouts instead take the
-skeleton on the meta device (`meta()`), split and shard it, then `materialize` it: every rank
-allocates only its own shards and fills each with its slice of the seeded (or loaded) full parameter.
+from torch's global seed) or loaded from checkpoint.initial_load (or the model's own weights dir,
+model=hf's pretrained). Sharded layouts instead take the skeleton on the meta device (`meta()`), split
+and shard it, then `materialize` it: every rank allocates only its own shards and fills each with its
+slice of the seeded full parameter, or reads only that slice from the safetensors files.
 """
 from __future__ import annotations
 
@@ -21,16 +22,21 @@ class ModelFactory:
         self.seed = cfg.seed
         self.initial_load = cfg.checkpoint.initial_load
         self.spec: ModelSpec = spec_for(cfg.model)
+        self.spec.prepare(cfg.model)
+        # where the initial weights are read from: the user's initial_load over the model's own
+        self.weights_dir = self.initial_load or self.spec.weights_dir(cfg.model)
         self._hf_weights = None
 
     def skeleton(self) -> nn.Module:
-        """The model as its class builds it (torch's seeded default init), under the caller's device context."""
+        """The model as its class builds it (torch's seeded default init) under the caller's device context,
+        without reading a weights dir of its own: what materialize / full_parameter then fill."""
         torch.manual_seed(self.seed)
-        return self.spec.build(self.model_cfg)
+        return self.spec.build(self.model_cfg, load_weights=not self.can_materialize)
 
     def __call__(self) -> nn.Module:
-        """The full model, initialised; on the meta device it is left empty."""
-        model = self.skeleton()
+        """The full model, initialised (or loaded); on the meta device it is left empty."""
+        torch.manual_seed(self.seed)
+        model = self.spec.build(self.model_cfg)
         if any(p.is_meta for p in model.parameters()):
             return model
         self.spec.init_weights(model, self.model_cfg, self.seed)
@@ -43,41 +49,52 @@ class ModelFactory:
 
     @property
     def can_materialize(self) -> bool:
-        """Whether a rank can fill its shards alone: the spec initialises each parameter from (seed, name)."""
-        return self.spec.init_by_name
+        """Whether a rank can fill its shards alone: the spec initialises each parameter from (seed, name),
+        or the weights are read by name from a dir of the model's own."""
+        return self.spec.init_by_name or self.spec.weights_dir(self.model_cfg) is not None
 
     def meta(self) -> nn.Module:
-        with torch.device("meta"):
-            return self.skeleton()
+        torch.manual_seed(self.seed)
+        return self.spec.meta_skeleton(self.model_cfg)
 
     def _weights(self):
         if self._hf_weights is None:
-            self._hf_weights = self.spec.hf_weights(self.initial_load, self.model_cfg)
+            self._hf_weights = self.spec.hf_weights(self.weights_dir, self.model_cfg)
         return self._hf_weights
 
-    def full_parameter(self, name: str, shape) -> torch.Tensor:
-        """The full fp32 initial value of parameter `name`: loaded from initial_load, else seeded by name
-        (a tied parameter's copy on another pipeline stage takes the canonical name's value)."""
+    def full_parameter(self, name: str, shape, index: tuple | None = None) -> torch.Tensor:
+        """The fp32 initial value of parameter `name` (only `index`, a tuple of slices, where given): read
+        from the weights dir, else seeded by name (a tied parameter's copy on another pipeline stage takes
+        the canonical name's value). A reader with `part` reads no more than the slice from disk."""
         name = dict((alias, canonical) for canonical, alias in self.spec.tied_parameters(self.model_cfg)).get(name, name)
-        if self.initial_load:
-            return self._weights().full(name)
-        full = torch.empty(tuple(shape), dtype=torch.float32)
-        self.spec.init_parameter(self.model_cfg, name, full, self.seed)
-        return full
+        if self.weights_dir:
+            weights = self._weights()
+            if index is not None and hasattr(weights, "part"):
+                return weights.part(name, index)
+            full = weights.full(name)
+        else:
+            full = torch.empty(tuple(shape), dtype=torch.float32)
+            self.spec.init_parameter(self.model_cfg, name, full, self.seed)
+        return full if index is None else full[index]
 
     @torch.no_grad()
     def materialize(self, module: nn.Module, device: torch.device) -> None:
         """Allocate `module`'s (possibly sharded, possibly one stage's) parameters on `device` and fill them
-        with their slice of the full initial value, one parameter at a time."""
+        with their slice of the full initial value, one parameter at a time. Buffers the skeleton computed
+        on the host (RoPE tables) keep their values."""
+        buffers = {name: b for name, b in module.named_buffers() if not b.is_meta}
         module.to_empty(device=device)
+        for name, buffer in module.named_buffers():
+            if name in buffers:
+                buffer.copy_(buffers[name])
         for name, param in module.named_parameters():
-            full = self.full_parameter(name, param.shape)
+            full_shape, index = param.shape, None
             if isinstance(param, DTensor):
-                shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh,
+                shape, offset = compute_local_shape_and_global_offset(full_shape, param.device_mesh,
                                                                       param.placements)
-                full = full[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+                index = tuple(slice(o, o + n) for o, n in zip(offset, shape))
                 param = param.to_local()
-            param.copy_(full)
+            param.copy_(self.full_parameter(name, full_shape, index))
 
     def flops_per_token(self, seq_len: int) -> float:
         return self.spec.flops_per_token(self.model_cfg, seq_len)

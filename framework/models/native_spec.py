@@ -36,7 +36,8 @@ class NativeDecoderSpec(ModelSpec):
     # the module with tensor_parallel_plan(model, sequence_parallel) and pipeline_stage(model, i, n), by name:
     # it imports DTensor, which only a worker that shards the model needs
     plans: str
-    adapter: ModuleType              # hf_config(args), to_hf(state, args), config_mismatches(hf, args), HFWeights
+    adapter: ModuleType              # hf_config(args), to_hf(state, args), config_mismatches(hf, args),
+                                     # function_values(hf), HFWeights
 
     def args(self, model_cfg):
         fields = self.args_class.__dataclass_fields__
@@ -88,6 +89,9 @@ class NativeDecoderSpec(ModelSpec):
 
     def hf_mismatches(self, hf_config, model_cfg):
         return self.adapter.config_mismatches(hf_config, self.args(model_cfg))
+
+    def hf_function_values(self, hf_config):
+        return self.adapter.function_values(hf_config)
 
     def hf_weights(self, path, model_cfg):
         return self.adapter.HFWeights(path, self.args(model_cfg))

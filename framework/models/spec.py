@@ -58,9 +58,23 @@ class ModelSpec:
         return None
 
     # ---- build and init ---------------------------------------------------------------------
-    def build(self, model_cfg) -> nn.Module:
-        """The full model, created under the caller's device context (torch.device("meta") included)."""
+    def build(self, model_cfg, load_weights: bool = True) -> nn.Module:
+        """The full model, created under the caller's device context (torch.device("meta") included);
+        with load_weights=False a model that brings its own weights (weights_dir) does not read them."""
         return instantiate(model_dict(model_cfg), _convert_="all")
+
+    def prepare(self, model_cfg) -> None:
+        """Import what build needs, before any construction context (deepspeed.zero.Init patches tensor
+        creation, which modules imported inside it may not survive)."""
+
+    def meta_skeleton(self, model_cfg) -> nn.Module:
+        """The model with its parameters on the meta device, for a rank to allocate and fill shard by shard."""
+        with torch.device("meta"):
+            return self.build(model_cfg, load_weights=False)
+
+    def weights_dir(self, model_cfg) -> Optional[str]:
+        """An HF-layout dir the model's own weights come from (model=hf's pretrained); None: initialised."""
+        return None
 
     def init_parameter(self, model_cfg, name: str, tensor: torch.Tensor, seed: int) -> None:
         """Fill the full-size parameter `name` in place from (seed, name)."""
@@ -167,6 +181,12 @@ class ModelSpec:
     def hf_mismatches(self, hf_config: dict, model_cfg) -> list[tuple[str, str, Any, Any]]:
         """(config.json key, model key, theirs, ours) for each shape-relevant difference."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def hf_function_values(self, hf_config: dict) -> list[tuple[str, str, Any]]:
+        """(config.json key, model key, value) for each key that changes what the model computes but no
+        shape (norm epsilon, RoPE): checkpoint.initial_load takes them unless the command line sets them.
+        Raises hf_files.LayoutError for a config this family cannot compute."""
+        return []
 
     def hf_weights(self, path: str, model_cfg):
         """A reader of an HF-layout dir: .full(our name) -> fp32 tensor, .shape_errors() -> [str]."""

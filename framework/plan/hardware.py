@@ -3,6 +3,7 @@ Bandwidths are per GPU and per direction: HBM, the intra-node link (NVLink / Inf
 inter-node NIC. `cpu` is this machine, measured on the spot (matmul throughput, memory copy bandwidth)."""
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -12,6 +13,8 @@ import torch
 
 from framework.config.errors import ConfigError
 from framework.metrics.mfu import GPU_PEAK_FLOPS
+
+log = logging.getLogger(__name__)
 
 GB = 1e9
 GIB = 1024 ** 3
@@ -72,17 +75,41 @@ def device_named(name: str) -> Device:
     return Device(key, memory, dict(GPU_PEAK_FLOPS[table]), hbm, intra, inter, fp8)
 
 
+# What a GPU neither table row describes is planned with: a PCIe-class card's links and HBM, and (when the
+# MFU table lacks it too) an A100's peaks; each guessed figure is named in a warning.
+_GUESS = ("A100", 0, 1.5e12, 64 * GB, 25 * GB, 0.0)
+
+
+def _row_for(table: str | None, memory: int | None):
+    """(key, row) of the planner's entry for an MFU table key (of two, the one nearest in memory); None."""
+    rows = [(key, row) for key, row in _GPUS.items() if row[0] == table]
+    return min(rows, key=lambda kr: abs(kr[1][1] - (memory or 0))) if rows else None
+
+
 def detected_device() -> Device | None:
-    """The planner's entry for the visible GPU, None without one (or one it does not know)."""
+    """The visible GPU as the planner sees it; None without one. Memory is the device's own
+    (torch.cuda.get_device_properties), peaks come from the MFU table and bandwidths from the planner's:
+    whatever torch cannot tell and no table knows is guessed, with a warning naming it."""
     if not torch.cuda.is_available():
         return None
     from framework.metrics.mfu import match_device
-    table = match_device(torch.cuda.get_device_name(0))
-    for key, row in _GPUS.items():
-        if row[0] == table:
-            total = torch.cuda.get_device_properties(0).total_memory
-            return Device(key, total, dict(GPU_PEAK_FLOPS[table]), row[2], row[3], row[4], row[5])
-    return None
+    name = torch.cuda.get_device_name(0)
+    table = match_device(name)
+    memory = getattr(torch.cuda.get_device_properties(0), "total_memory", None)
+    known = _row_for(table, memory)
+    key, row = known if known else (name, _GUESS)
+    guessed = [] if known else ["bandwidths (HBM, NVLink, network) of a PCIe card"]
+    peaks = GPU_PEAK_FLOPS.get(table)
+    if peaks is None:
+        peaks = GPU_PEAK_FLOPS[_GUESS[0]]
+        guessed.append(f"peak FLOP/s of an {_GUESS[0]}")
+    if not memory:
+        memory = row[1] or 40 * GIB
+        guessed.append(f"{memory / GIB:.0f} GiB of memory")
+    if guessed:
+        log.warning("planner: %s is planned with a guess for its %s (planner.device=<one of %s> plans for a "
+                    "device the planner knows)", name, ", ".join(guessed), ", ".join(_GPUS))
+    return Device(key, memory, dict(peaks), row[2], row[3], row[4], row[5])
 
 
 @lru_cache(maxsize=1)

@@ -6,14 +6,12 @@ and not stored.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import torch
-from safetensors import safe_open
 
 from framework.models.gpt2.model import TIED, GPT2Args
-from framework.models.hf_files import WEIGHTS, LayoutError
+from framework.models.hf_files import LayoutError, SafetensorsDir
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _QKV = ("attn.wq", "attn.wk", "attn.wv")
@@ -96,6 +94,12 @@ def model_cfg_from_hf(hf: dict, target: str) -> dict:
             "norm_eps": hf.get("layer_norm_epsilon", 1e-5)}
 
 
+def function_values(hf: dict) -> list[tuple[str, str, object]]:
+    """(config.json key, our model key, value) of what changes the function but no shape (initial_load adopts
+    it unless the command line sets it)."""
+    return [("layer_norm_epsilon", "norm_eps", float(hf.get("layer_norm_epsilon", 1e-5)))]
+
+
 # config.json key -> (our model key, how to read it from GPT2Args): what must agree for the weights to fit
 SHAPE_KEYS = {"n_embd": ("dim", lambda a: a.dim), "n_layer": ("n_layers", lambda a: a.n_layers),
               "n_head": ("n_heads", lambda a: a.n_heads), "vocab_size": ("vocab_size", lambda a: a.vocab_size),
@@ -110,24 +114,24 @@ def config_mismatches(hf: dict, args: GPT2Args) -> list[tuple[str, str, object, 
 
 
 class HFWeights:
-    """Read an HF GPT-2 safetensors file back into our names and layout, one tensor at a time."""
+    """Read an HF GPT-2 model dir (one or many safetensors files) back into our names and layout, one tensor
+    at a time."""
 
     def __init__(self, path: str, args: GPT2Args):
         self.args = args
-        self._file = safe_open(os.path.join(path, WEIGHTS), framework="pt", device="cpu")
-        # transformers may save the model without the "transformer." prefix (GPT2Model) or with it
-        self._keys = set(self._file.keys())
+        self._file = SafetensorsDir(path)
+        self._keys = self._file.keys()
 
     def _get(self, key: str) -> torch.Tensor:
-        return self._file.get_tensor(key).float()
+        return self._file.tensor(key).float()
 
     def shape_errors(self) -> list[str]:
         errors = []
         for key, shape in _hf_shapes(self.args).items():
             if key not in self._keys:
                 errors.append(f"{key} is missing")
-            elif tuple(self._file.get_slice(key).get_shape()) != shape:
-                errors.append(f"{key} has shape {tuple(self._file.get_slice(key).get_shape())}, the model needs {shape}")
+            elif self._file.shape(key) != shape:
+                errors.append(f"{key} has shape {self._file.shape(key)}, the model needs {shape}")
         return errors
 
     def full(self, name: str) -> torch.Tensor:

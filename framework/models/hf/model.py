@@ -3,29 +3,63 @@
 `pretrained`: a local directory with config.json and safetensors weights (no hub access); `config`:
 a directory or a config.json, for a fresh model initialised by transformers from torch's global seed
 (which the model factory sets, so every rank and every layout starts from the same weights).
+transformers comes with the `hf` extra; without it, `model=hf` is a configuration error naming it.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
 from torch import nn
 
+from framework.config.errors import ConfigError
+
+
+def require_transformers():
+    """The transformers module, or ConfigError naming the extra that installs it."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("model", "model=hf needs the transformers package, which is not installed; "
+                                   "pip install 'framework[hf]'") from None
+    return transformers
+
 
 def hf_config_of(pretrained: Optional[str], config: Optional[str]):
     """The transformers config of `pretrained` (a dir) or `config` (a dir or a config.json)."""
-    from transformers import AutoConfig
-    return AutoConfig.from_pretrained(pretrained or config)
+    return require_transformers().AutoConfig.from_pretrained(pretrained or config)
+
+
+@contextlib.contextmanager
+def parameters_on_meta():
+    """Modules built inside create their parameters on the meta device (each is allocated on the host only
+    while its module's constructor runs) and their buffers (RoPE tables) on the host, computed as usual: a
+    skeleton whose shards a rank then allocates and fills by name."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+    nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
 
 
 class HFCausalLM(nn.Module):
-    def __init__(self, pretrained: Optional[str] = None, config: Optional[str] = None):
+    def __init__(self, pretrained: Optional[str] = None, config: Optional[str] = None, load_weights: bool = True):
+        """`load_weights=False` builds `pretrained`'s architecture without reading its weights (the caller
+        fills them, e.g. each rank its own shards)."""
         super().__init__()
-        from transformers import AutoModelForCausalLM
-        if pretrained:
-            self.model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32)
+        transformers = require_transformers()
+        if pretrained and load_weights:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32)
         else:
-            self.model = AutoModelForCausalLM.from_config(hf_config_of(None, config), dtype=torch.float32)
+            self.model = transformers.AutoModelForCausalLM.from_config(hf_config_of(pretrained, config),
+                                                                       dtype=torch.float32)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens, use_cache=False).logits

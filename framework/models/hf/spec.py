@@ -1,9 +1,11 @@
 """`model=hf`: the spec of any transformers causal LM.
 
-Built on every rank from torch's seed (or loaded from `pretrained`), then sharded: transformers
-initialises whole modules, not one parameter from (seed, name), so sharded layouts start from the full
-model (DeepSpeed stage 3 too). FSDP units and activation checkpointing take the model's
-`_no_split_modules`. Checkpoints hold the wrapper's names (`model.` + transformers' names); export
+A fresh model (`config`) is built on every rank from torch's seed, then sharded: transformers
+initialises whole modules, not one parameter from (seed, name). A `pretrained` one under a sharded
+layout is never whole on a rank: under fsdp it is built with its parameters on the meta device and each
+rank reads only its shards' slices from the safetensors files, by name; under DeepSpeed stage 3 zero.Init
+partitions it as it is built and each rank reads one tensor at a time, keeping its flat partition.
+FSDP units and activation checkpointing take the model's `_no_split_modules`. Checkpoints hold the wrapper's names (`model.` + transformers' names); export
 strips that prefix and writes config.json + model.safetensors, the layout `from_pretrained` loads (and
 our own families load too, as they speak the same layout). Tensor and pipeline parallelism are refused:
 the spec has no plan of its own for arbitrary architectures.
@@ -18,7 +20,7 @@ import torch
 
 from framework.config.errors import ConfigError
 from framework.models import hf_files
-from framework.models.hf.model import HFCausalLM, hf_config_of
+from framework.models.hf.model import HFCausalLM, hf_config_of, parameters_on_meta, require_transformers
 from framework.models.spec import ModelSpec, model_dict
 
 PREFIX = "model."
@@ -43,34 +45,30 @@ class _Weights:
     """A saved HF model read back under the wrapper's parameter names, one tensor at a time."""
 
     def __init__(self, path: str, hf_cfg):
-        from safetensors import safe_open
-        index = os.path.join(path, hf_files.WEIGHTS + ".index.json")
-        if os.path.isfile(index):
-            import json
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        else:
-            files = [hf_files.WEIGHTS]
-        self._files = {}
-        for name in files:
-            handle = safe_open(os.path.join(path, name), framework="pt", device="cpu")
-            self._files.update({key: handle for key in handle.keys()})
+        self._files = hf_files.SafetensorsDir(path)
         self._tied = _tied(hf_cfg)
 
     def _key(self, name: str) -> str:
         key = name[len(PREFIX):] if name.startswith(PREFIX) else name
         if key not in self._files and self._tied and key == "lm_head.weight":
-            key = next(k for k in self._files if k.endswith(("embed_tokens.weight", "wte.weight")))
+            key = next(k for k in self._files.keys() if k.endswith(("embed_tokens.weight", "wte.weight")))
         return key
 
     def shape_errors(self) -> list[str]:
         return []     # the model is built from this very config.json: its shapes are the weights'
 
     def full(self, name: str) -> torch.Tensor:
+        return self._files.tensor(self._present(name)).float()
+
+    def part(self, name: str, index: tuple) -> torch.Tensor:
+        """Only `index` (a shard's slices) of the tensor, read from disk alone."""
+        return self._files.slice(self._present(name), index).float()
+
+    def _present(self, name: str) -> str:
         key = self._key(name)
         if key not in self._files:
             raise hf_files.LayoutError(f"{key} is not in the saved weights")
-        return self._files[key].get_tensor(key).float()
+        return key
 
 
 class HFSpec(ModelSpec):
@@ -83,6 +81,21 @@ class HFSpec(ModelSpec):
     def model_class(self) -> type:
         return HFCausalLM
 
+    def build(self, model_cfg, load_weights: bool = True):
+        m = model_dict(model_cfg)
+        return HFCausalLM(m.get("pretrained"), m.get("config"), load_weights=load_weights)
+
+    def prepare(self, model_cfg):
+        # transformers imports an architecture's modeling module on first use
+        require_transformers().AutoModelForCausalLM._model_mapping[type(self.hf_cfg(model_cfg))]
+
+    def meta_skeleton(self, model_cfg):
+        with parameters_on_meta():     # transformers' RoPE buffers are computed, not read: keep them real
+            return self.build(model_cfg, load_weights=False)
+
+    def weights_dir(self, model_cfg):
+        return model_dict(model_cfg).get("pretrained")
+
     def hf_cfg(self, model_cfg):
         m = model_dict(model_cfg)
         return hf_config_of(m.get("pretrained"), m.get("config"))
@@ -94,9 +107,8 @@ class HFSpec(ModelSpec):
         return model.block_classes()
 
     def num_params(self, model_cfg) -> int:
-        from transformers import AutoModelForCausalLM
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg))
+            model = require_transformers().AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg))
         return sum(p.numel() for p in model.parameters())
 
     def context_length(self, model_cfg):
@@ -104,6 +116,7 @@ class HFSpec(ModelSpec):
         return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
     def validate(self, cfg) -> None:
+        require_transformers()
         m = cfg.model
         if bool(m.pretrained) == bool(m.config):
             raise ConfigError("model.pretrained", "model=hf needs exactly one of model.pretrained=<local dir with "
@@ -111,8 +124,7 @@ class HFSpec(ModelSpec):
         key, path = ("model.pretrained", m.pretrained) if m.pretrained else ("model.config", m.config)
         if not os.path.exists(path):
             raise ConfigError(key, f"no such file or directory: {path}")
-        if m.pretrained and not (os.path.isfile(os.path.join(path, hf_files.WEIGHTS)) or
-                                 os.path.isfile(os.path.join(path, hf_files.WEIGHTS + ".index.json"))):
+        if m.pretrained and not hf_files.has_weights(path):
             raise ConfigError(key, f"{path} holds no {hf_files.WEIGHTS} (safetensors weights; no hub access here)")
         try:
             hf_cfg = self.hf_cfg(m)

@@ -7,14 +7,12 @@ HF's convert_llama_weights_to_hf.py does.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import torch
-from safetensors import safe_open
 
-from framework.models.hf_files import WEIGHTS, LayoutError, read_config
-from framework.models.llama.model import LlamaArgs
+from framework.models.hf_files import LayoutError, SafetensorsDir, read_config
+from framework.models.llama.model import ROPE_SCALING_KEYS, ROPE_TYPES, LlamaArgs, rope_scaling_dict
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
@@ -100,16 +98,64 @@ def to_hf(state: dict[str, torch.Tensor], args: LlamaArgs) -> dict[str, torch.Te
     return out
 
 
+def rope_of(hf: dict) -> tuple[float, dict]:
+    """(rope_theta, our rope_scaling) of a config.json, whichever way transformers wrote it: `rope_theta` +
+    `rope_scaling` (before v5) or `rope_parameters` (v5). Raises LayoutError for a RoPE this Llama lacks."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, rope_scaling_dict({})
+    if rope_type not in ROPE_TYPES:
+        raise LayoutError(f"rope_type {rope_type!r} is not implemented here; this Llama computes "
+                          f"{' and '.join(ROPE_TYPES)} RoPE only")
+    missing = [k for k in ROPE_SCALING_KEYS if k not in params]
+    if missing:
+        raise LayoutError(f"llama3 rope scaling lacks {', '.join(missing)}")
+    return theta, {"rope_type": rope_type, **{k: params[k] for k in ROPE_SCALING_KEYS}}
+
+
 def hf_config(args: LlamaArgs) -> dict:
-    return {
+    scaling = rope_scaling_dict(args.rope_scaling)
+    scaled = scaling["rope_type"] != "default"
+    rope = {**scaling, "rope_theta": args.rope_theta} if scaled else {"rope_type": "default",
+                                                                       "rope_theta": args.rope_theta}
+    config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
         "hidden_size": args.dim, "intermediate_size": args.hidden_dim, "num_hidden_layers": args.n_layers,
         "num_attention_heads": args.n_heads, "num_key_value_heads": args.kv_heads, "head_dim": args.head_dim,
         "vocab_size": args.vocab_size, "rms_norm_eps": args.norm_eps, "rope_theta": args.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
-        "max_position_embeddings": args.max_seq_len, "tie_word_embeddings": args.tie_embeddings,
-        "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
+        "rope_parameters": rope, "max_position_embeddings": args.max_seq_len,
+        "tie_word_embeddings": args.tie_embeddings, "attention_bias": False, "mlp_bias": False,
+        "torch_dtype": "float32",
     }
+    if scaled:   # what transformers before v5 reads
+        config["rope_scaling"] = scaling
+    return config
+
+
+# config.json values our Llama has no counterpart for: such a checkpoint would load and compute another function
+_FIXED = {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}
+
+
+def _refuse_what_this_llama_lacks(hf: dict) -> None:
+    for key, ours in _FIXED.items():
+        if hf.get(key, ours) != ours:
+            raise LayoutError(f"{key}={hf[key]}; this Llama computes only {key}={ours}")
+    head_dim = hf.get("head_dim")
+    if head_dim and head_dim != hf["hidden_size"] // hf["num_attention_heads"]:
+        raise LayoutError(f"head_dim={head_dim} is not hidden_size / num_attention_heads "
+                          f"({hf['hidden_size'] // hf['num_attention_heads']}), which this Llama requires")
+
+
+def function_values(hf: dict) -> list[tuple[str, str, object]]:
+    """(config.json key, our model key, value) for what changes the function without changing a shape:
+    the checkpoint's values, which initial_load adopts unless the command line sets them."""
+    _refuse_what_this_llama_lacks(hf)
+    theta, scaling = rope_of(hf)
+    return [("rms_norm_eps", "norm_eps", float(hf.get("rms_norm_eps", 1e-6))),
+            ("rope_theta", "rope_theta", theta), ("rope_scaling", "rope_scaling", scaling),
+            ("tie_word_embeddings", "tie_embeddings", bool(hf.get("tie_word_embeddings", False)))]
 
 
 # config.json key -> (our model key, how to read it from LlamaArgs): what must agree for the weights to fit.
@@ -140,29 +186,35 @@ def config_mismatches(hf: dict, args: LlamaArgs) -> list[tuple[str, str, object,
 
 
 class HFWeights:
-    """Read an HF-layout safetensors file back into our names and layout, one tensor at a time."""
+    """Read an HF-layout dir (one or many safetensors files) back into our names and layout, one tensor at
+    a time."""
 
     def __init__(self, path: str, args: LlamaArgs):
         self.args = args
-        self._file = safe_open(os.path.join(path, WEIGHTS), framework="pt", device="cpu")
-        self._keys = set(self._file.keys())
+        self._files = SafetensorsDir(path)
 
     def shape_errors(self) -> list[str]:
         errors = []
         for name, shape in expected_shapes(self.args).items():
             key = hf_name(name, self.args)
-            if key not in self._keys:
+            if key not in self._files:
                 errors.append(f"{key} is missing")
-            elif tuple(self._file.get_slice(key).get_shape()) != shape:
-                errors.append(f"{key} has shape {tuple(self._file.get_slice(key).get_shape())}, "
-                              f"the model needs {shape}")
+            elif self._files.shape(key) != shape:
+                errors.append(f"{key} has shape {self._files.shape(key)}, the model needs {shape}")
         return errors
 
     def full(self, name: str) -> torch.Tensor:
         """The full fp32 tensor of our parameter `name`, in our (interleaved rotary) layout."""
-        w = self._file.get_tensor(hf_name(name, self.args)).float()
+        w = self._files.tensor(hf_name(name, self.args)).float()
         heads = _heads(name, self.args)
         return halves_to_interleaved(w, heads) if heads else w
+
+    def part(self, name: str, index: tuple) -> torch.Tensor:
+        """Only `index` (a shard's slices) of our parameter `name`; a q/k projection, whose rows are
+        reordered within each head, is read whole first."""
+        if _heads(name, self.args):
+            return self.full(name)[index]
+        return self._files.slice(hf_name(name, self.args), index).float()
 
 
 @torch.no_grad()

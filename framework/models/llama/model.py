@@ -9,7 +9,7 @@ and output head may be None on pipeline stages that do not hold them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Optional
 
 import torch
@@ -17,6 +17,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.models.seeding import param_seed
+
+
+@dataclass
+class RopeScaling:
+    """Rotary frequencies as Hugging Face's rope_parameters names them. rope_type default: plain RoPE (the
+    other keys unused); llama3: Llama 3.1's long-context scaling (these defaults are Meta's)."""
+    rope_type: str = "default"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+def rope_scaling_dict(scaling) -> dict:
+    """A RopeScaling, a dict or a DictConfig (as configs hand it over) as a plain dict with every key."""
+    if is_dataclass(scaling):
+        return asdict(scaling)
+    return {**asdict(RopeScaling()), **dict(scaling or {})}
 
 
 @dataclass
@@ -30,6 +48,7 @@ class LlamaArgs:
     multiple_of: int = 32
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_seq_len: int = 2048
     tie_embeddings: bool = False
     init_std: float = 0.02
@@ -77,8 +96,26 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_TYPES = ("default", "llama3")
+
+
+def llama3_frequencies(freqs: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's scaled rotary frequencies: wavelengths beyond the original context are stretched by
+    `factor`, those within `original / high_freq_factor` kept, the band between blended smoothly."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freqs
+    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * freqs / factor + smooth * freqs
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float, device=None,
+                scaling=None) -> tuple[torch.Tensor, torch.Tensor]:
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    scaling = rope_scaling_dict(scaling)
+    if scaling["rope_type"] == "llama3":
+        freqs = llama3_frequencies(freqs, scaling)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), freqs)
     return angles.cos(), angles.sin()
 
@@ -151,7 +188,8 @@ class Llama(nn.Module):
         """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # Tables for every position: under sequence parallelism h holds only a slice of the sequence.
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device,
+                               scaling=self.args.rope_scaling)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.norm is not None:
