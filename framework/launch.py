@@ -17,6 +17,7 @@ from datetime import timedelta
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
+from framework.cluster import sweep_gpus
 from framework.cluster.env import Node, Worker, discover, stable_job_dir
 from framework.checkpoint.manager import completed_checkpoint
 from framework.config.errors import ConfigError
@@ -97,6 +98,7 @@ def _remove_if_only_hydra_files(run_dir: str) -> None:
 def run(cfg: DictConfig, run_dir: str) -> float | None:
     """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
+        sweep_gpus.for_this_point(cfg)     # before any device count: a concurrent sweep point's own GPUs
         if cfg.parallel.name == "auto":
             choose_auto_layout(cfg)
         strategy_cls = strategy_class(cfg.parallel.name)
