@@ -93,3 +93,9 @@ def test_default_run_dir_of_a_requeued_slurm_job_is_its_job_dir(eight_gpus):
     assert launch.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/slurm/777"
     eight_gpus.delenv("SLURM_JOB_ID")
     assert launch.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/2026-01-01/00-00-00"
+
+
+def test_an_srun_step_smaller_than_the_allocation_counts_its_own_tasks():
+    env = slurm_task(1, 8, 4, SLURM_NTASKS_PER_NODE="8", SLURM_TASKS_PER_NODE="8(x4)",
+                     SLURM_STEP_TASKS_PER_NODE="2(x4)", SLURM_LOCALID="1", SLURM_NODEID="0")
+    assert discover(env).local_world_size == 2

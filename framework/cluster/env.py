@@ -89,13 +89,15 @@ def tasks_per_node(value: str) -> list[int]:
 
 
 def _local_tasks(env: Mapping[str, str], tasks: int, nodes: int, node_id: Optional[int]) -> int:
-    """Tasks on this node as SLURM says (--ntasks-per-node, else the step's per-node layout), else an
-    even share: SLURM sets no LOCAL_WORLD_SIZE, and the job's whole task count is not this node's."""
-    if _int(env, "SLURM_NTASKS_PER_NODE"):
-        return _int(env, "SLURM_NTASKS_PER_NODE")
-    layout = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", ""))
-    if layout and sum(layout) == tasks:
-        return layout[min(node_id or 0, len(layout) - 1)]
+    """Tasks on this node as SLURM lays out the step (srun's own layout first: an `srun -n` inside an
+    allocation differs from the job's --ntasks-per-node), else an even share. SLURM sets no
+    LOCAL_WORLD_SIZE, and the job's whole task count is not this node's."""
+    per_node = _int(env, "SLURM_NTASKS_PER_NODE")
+    for layout in (env.get("SLURM_STEP_TASKS_PER_NODE", ""), f"{per_node}(x{nodes})" if per_node else "",
+                   env.get("SLURM_TASKS_PER_NODE", "")):
+        counts = tasks_per_node(layout)
+        if counts and sum(counts) == tasks:
+            return counts[min(node_id or 0, len(counts) - 1)]
     return max(1, tasks // nodes)
 
 
