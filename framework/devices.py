@@ -11,6 +11,7 @@ import socket
 
 import torch
 
+from framework.cluster.env import Node, Worker, discover
 from framework.config.errors import ConfigError
 
 
@@ -22,11 +23,30 @@ def device_type(cfg) -> str:
 
 
 def local_workers(world_size: int) -> int:
-    """Workers on this node: torchrun's LOCAL_WORLD_SIZE (1 if it does not say), else every worker
-    (we spawn them all here)."""
+    """Workers on this node: torchrun's LOCAL_WORLD_SIZE (1 if it does not say); a SLURM/submitit task
+    or Kubeflow pod: the tasks or processes the cluster puts on this node (framework.cluster.env);
+    else every worker (we spawn them all here)."""
     if "LOCAL_WORLD_SIZE" in os.environ:
         return int(os.environ["LOCAL_WORLD_SIZE"])
-    return 1 if "TORCHELASTIC_RUN_ID" in os.environ else world_size
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return 1
+    placement = discover(os.environ)
+    if isinstance(placement, Worker):
+        return placement.local_world_size
+    if isinstance(placement, Node):
+        return max(1, world_size // placement.max_nodes)
+    return world_size
+
+
+def _who_sets_local_workers() -> str:
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        return "torchrun's --nproc-per-node"
+    placement = discover(os.environ)
+    if isinstance(placement, Worker) and placement.source == "slurm":
+        return "srun's --ntasks-per-node"
+    if isinstance(placement, Worker):
+        return f"{placement.source}'s tasks per node"
+    return "launcher.nproc_per_node"
 
 
 def check_visible_gpus(cfg, world_size: int) -> None:
@@ -35,10 +55,9 @@ def check_visible_gpus(cfg, world_size: int) -> None:
         return
     need, gpus = local_workers(world_size), torch.cuda.device_count()
     if need > gpus:
-        where = "torchrun's --nproc-per-node" if "LOCAL_WORLD_SIZE" in os.environ else "launcher.nproc_per_node"
         raise ConfigError("launcher.nproc_per_node",
                           f"{need} workers on this node but {gpus} visible GPU{'s' if gpus != 1 else ''}; "
-                          f"set {where} to at most {gpus} (one GPU per worker) or device=cpu")
+                          f"set {_who_sets_local_workers()} to at most {gpus} (one GPU per worker) or device=cpu")
 
 
 def world_size_is_open(cfg, strategy_cls) -> bool:

@@ -17,7 +17,8 @@ from datetime import timedelta
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
-from framework.cluster.env import Node, Worker, discover
+from framework.cluster import sweep_gpus
+from framework.cluster.env import Node, Worker, discover, stable_job_dir
 from framework.checkpoint.manager import completed_checkpoint
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
@@ -59,15 +60,17 @@ def world_size_for(cfg: DictConfig, strategy_cls) -> int:
 
 
 def agree_run_dir(candidate: str) -> str:
-    """Under torchrun every rank composes its own config; all must use rank 0's run dir.
+    """The default run dir (no hydra.run.dir given): every rank must use the same one, and a requeued
+    job must find its own again. Where the launcher names the job (SLURM's job id, a rendezvous id the
+    user gave torchrun, ...: framework.cluster.env.stable_job_dir) every rank and every attempt derives
+    the same dir from it.
 
-    torchrun's agent hosts a key-value store that every worker reaches at MASTER_ADDR:MASTER_PORT.
-    Rank 0 publishes its run dir there (keeping an earlier one after an elastic restart, so a
-    restarted group resumes in the same dir); the others wait for it.
+    Otherwise, under torchrun, its agent hosts a key-value store that every worker reaches at
+    MASTER_ADDR:MASTER_PORT. Rank 0 publishes its run dir there (keeping an earlier one after an elastic
+    restart, so a restarted group resumes in the same dir); the others wait for it.
     """
-    placement = discover(os.environ)
-    if placement is not None and placement.job_id:
-        return os.path.join("outputs", placement.source, placement.job_id)   # every node derives the same
+    if (stable := stable_job_dir(os.environ)) is not None:
+        return stable
     if not under_torchrun() or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return candidate
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
@@ -95,6 +98,7 @@ def _remove_if_only_hydra_files(run_dir: str) -> None:
 def run(cfg: DictConfig, run_dir: str) -> float | None:
     """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
+        sweep_gpus.for_this_point(cfg)     # before any device count: a concurrent sweep point's own GPUs
         if cfg.parallel.name == "auto":
             choose_auto_layout(cfg)
         strategy_cls = strategy_class(cfg.parallel.name)

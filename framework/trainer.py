@@ -69,7 +69,7 @@ class Trainer:
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)
-        resume = resolve_resume(cfg, self.run_dir, continues)
+        resume = resolve_resume(cfg, self.run_dir, continues, announce=s.is_main)
         if resume:
             self.step = checkpoints.load(resume)
         if s.is_main and (resume or continues):

@@ -127,16 +127,23 @@ def completed_checkpoint(cfg, run_dir: str) -> str | None:
     return found[-1] if step >= cfg.trainer.max_steps else None
 
 
-def resolve_resume(cfg, run_dir: str, continues: bool = False) -> str | None:
+def resolve_resume(cfg, run_dir: str, continues: bool = False, announce: bool = False) -> str | None:
     """checkpoint.resume: null -> None; auto -> newest complete (or None); a path -> that path.
-    `continues`: this worker group re-forms an earlier one of the job (framework.elastic)."""
+    `continues`: this worker group re-forms an earlier one of the job (framework.elastic).
+    `announce` (the trainer's rank 0): say in one line where auto looked and what it found, so that a
+    requeued job that starts over in an empty dir says so."""
     resume = cfg.checkpoint.resume
     if continues and cfg.checkpoint.enabled and not resume:
         resume = "auto"   # a restarted worker group continues from where the last one saved
     if not resume:
         return None
     if resume == "auto":
-        found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
+        where = checkpoint_dir(cfg, run_dir)
+        found = complete_checkpoints(where)
+        if announce:
+            print(f"checkpoint.resume=auto: looked in {where}: "
+                  + (f"resuming from {found[-1]}" if found else "no complete checkpoint, starting at step 0"),
+                  flush=True)
         return found[-1] if found else None
     return resume
 

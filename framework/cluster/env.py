@@ -80,6 +80,27 @@ def expand_hostlist(hostlist: str) -> list[str]:
     return hosts
 
 
+def tasks_per_node(value: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE -> tasks on each node in node order: '8(x4)' -> 8 8 8 8, '8(x2),4' -> 8 8 4."""
+    counts = []
+    for count, repeat in re.findall(r"(\d+)(?:\(x(\d+)\))?", value):
+        counts += [int(count)] * int(repeat or 1)
+    return counts
+
+
+def _local_tasks(env: Mapping[str, str], tasks: int, nodes: int, node_id: Optional[int]) -> int:
+    """Tasks on this node as SLURM lays out the step (srun's own layout first: an `srun -n` inside an
+    allocation differs from the job's --ntasks-per-node), else an even share. SLURM sets no
+    LOCAL_WORLD_SIZE, and the job's whole task count is not this node's."""
+    per_node = _int(env, "SLURM_NTASKS_PER_NODE")
+    for layout in (env.get("SLURM_STEP_TASKS_PER_NODE", ""), f"{per_node}(x{nodes})" if per_node else "",
+                   env.get("SLURM_TASKS_PER_NODE", "")):
+        counts = tasks_per_node(layout)
+        if counts and sum(counts) == tasks:
+            return counts[min(node_id or 0, len(counts) - 1)]
+    return max(1, tasks // nodes)
+
+
 def _int(env: Mapping[str, str], key: str) -> Optional[int]:
     value = env.get(key, "")
     return int(value) if value.strip().isdigit() else None
@@ -123,8 +144,8 @@ def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntas
         return None      # one task on one node: spawn workers on this host as on a laptop
     if tasks == nodes:   # one task per node: it spawns the node's workers, meeting at the first host
         return Node(source, _int(env, node_id) or 0, nodes, nodes, None, first_host, port, "c10d", job_id)
-    return Worker(source, _int(env, rank) or 0, tasks, _int(env, local_rank) or 0, tasks // nodes,
-                  first_host, port, job_id)
+    return Worker(source, _int(env, rank) or 0, tasks, _int(env, local_rank) or 0,
+                  _local_tasks(env, tasks, nodes, _int(env, node_id)), first_host, port, job_id)
 
 
 def discover(env: Mapping[str, str]) -> Node | Worker | None:
@@ -143,3 +164,32 @@ def discover(env: Mapping[str, str]) -> Node | Worker | None:
                             "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES",
                             "SLURM_NODEID", hosts[0])
     return _kubeflow(env)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def stable_job_dir(env: Mapping[str, str]) -> Optional[str]:
+    """A run dir that a requeued or restarted job finds again, from the job's own identity: SLURM's job id
+    (array job id and task: the batch script, srun steps and submitit alike), submitit's local job id, a
+    rendezvous id the user gave torchrun, a Kubeflow job's master host (its pods' service name).
+    None where the launcher gives no such identity: the caller keeps its timestamped dir."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"outputs/slurm/{_safe(env['SLURM_ARRAY_JOB_ID'])}_{_safe(env['SLURM_ARRAY_TASK_ID'])}"
+    if env.get("SLURM_JOB_ID"):
+        return f"outputs/slurm/{_safe(env['SLURM_JOB_ID'])}"
+    if env.get("SUBMITIT_LOCAL_JOB_ID"):
+        return f"outputs/submitit/{_safe(env['SUBMITIT_LOCAL_JOB_ID'])}"
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none" and not _GENERATED_ID.fullmatch(run_id):
+        return f"outputs/torchrun/{_safe(run_id)}"
+    if "PET_NNODES" in env or "PET_NPROC_PER_NODE" in env:
+        host = (env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR") or "").split(".")[0]
+        if host and host not in ("localhost", "127"):
+            return f"outputs/kubeflow/{_safe(host)}"
+    return None
+
+
+# torchrun's own run ids: 'none' (its --rdzv-id default) or a uuid4 (--standalone): new for every launch
+_GENERATED_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
