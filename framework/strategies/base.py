@@ -304,16 +304,17 @@ class TorchStrategy(Strategy):
         # The background writer gets a process group of its own, so its collectives never
         # interleave with the training step's on the default group.
         from framework.checkpoint import dcp_state
+        from framework.checkpoint.staging import ReusedStager
         if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
         if self._stager is None:
-            self._stager = dcp_state.reusable_stager(self.device)
+            self._stager = ReusedStager(self.device)
         return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
                               self.precision, background=True, group=self._async_group, stager=self._stager)
 
     def teardown(self) -> None:
         if self._stager is not None:
-            self._stager.close()
+            self._stager.release()
             self._stager = None
         super().teardown()
 
