@@ -32,6 +32,7 @@ ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 class Strategy:
     name = "base"
     checkpoint_format = "none"   #: what save_checkpoint writes; a checkpoint loads only into the same format
+    deterministic_refusal: str | None = None   #: why trainer.deterministic=true cannot hold here (None: it can)
     options = ParallelConfig  #: the schema of parallel.* for this strategy
     #: zero stage -> None if supported, else the strategies that support it (for the error message)
     zero_support: dict[int, str | None] = {0: None}
