@@ -22,8 +22,12 @@ class HFCausalLM(nn.Module):
     def __init__(self, pretrained: Optional[str] = None, config: Optional[str] = None):
         super().__init__()
         from transformers import AutoModelForCausalLM
-        if pretrained:
+        # Under a meta device (the planner's shapes-only build) transformers refuses from_pretrained;
+        # the config alone gives the same modules and shapes.
+        if pretrained and torch.get_default_device().type != "meta":
             self.model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32)
+        elif pretrained:
+            self.model = AutoModelForCausalLM.from_config(hf_config_of(pretrained, None), dtype=torch.float32)
         else:
             self.model = AutoModelForCausalLM.from_config(hf_config_of(None, config), dtype=torch.float32)
 
