@@ -6,11 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+from omegaconf import OmegaConf
+
 from framework.config.errors import ConfigError
 from framework.determinism import ENVIRONMENT, validate
 from framework.strategies.registry import strategy_class
-from omegaconf import OmegaConf
-import pytest
 
 from tests.helpers import FAST, REPO, run_framework
 
@@ -54,3 +55,10 @@ def test_refusal_is_one_line_and_exit_2_before_work(tmp_path):
     proc = run_framework([*FAST, "parallel=deepspeed", "trainer.deterministic=true"], tmp_path / "run", timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: trainer.deterministic: parallel=deepspeed")
+
+
+def test_the_gpu_benchmark_says_there_is_no_gpu_and_exits_0():
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_determinism.py"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "no CUDA device here: nothing to measure (run this on a GPU machine)"
