@@ -13,7 +13,7 @@ from framework.config.errors import ConfigError
 from framework.determinism import ENVIRONMENT, validate
 from framework.strategies.registry import strategy_class
 
-from tests.helpers import FAST, REPO, run_framework
+from tests.helpers import FAST, REPO, check_ok, run_framework
 
 PROBE = """
 import json, sys
@@ -62,3 +62,15 @@ def test_the_gpu_benchmark_says_there_is_no_gpu_and_exits_0():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "no CUDA device here: nothing to measure (run this on a GPU machine)"
+
+
+def test_every_worker_of_a_ddp_job_has_the_settings(tmp_path):
+    fixture = REPO / "tests" / "fixtures" / "determinism"
+    env = {"FRAMEWORK_TEST_DETERMINISM": str(tmp_path / "settings"),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(fixture), os.environ.get("PYTHONPATH")) if p)}
+    check_ok(run_framework([*FAST, "parallel=ddp", "trainer.max_steps=2", "trainer.deterministic=true"],
+                           tmp_path / "run", env=env))
+    for rank in (0, 1):
+        got = json.loads((tmp_path / "settings" / f"settings_rank{rank}.json").read_text())
+        assert got == {**ENVIRONMENT, "deterministic_algorithms": True, "cudnn_deterministic": True,
+                       "flash_sdp": False, "mem_efficient_sdp": False, "math_sdp": True}, rank
