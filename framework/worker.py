@@ -12,7 +12,7 @@ import traceback
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from framework import exit_codes
+from framework import determinism, exit_codes
 from framework.preemption import Preempted, pass_on
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
@@ -29,6 +29,7 @@ def _peer_failure(e: BaseException) -> bool:
 
 
 def run_worker(cfg, run_dir: str) -> None:
+    determinism.apply(cfg)
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:

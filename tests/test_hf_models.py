@@ -178,3 +178,27 @@ def test_bad_model_dirs_stop_before_work(tmp_path, saved):
         proc = run_framework([*BASE, *args], tmp_path / "r")
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert any(w in proc.stderr for w in words.split("|")), proc.stderr
+
+
+def test_the_planner_plans_a_pretrained_model_from_its_config(saved):
+    # The planner builds on the meta device, where transformers refuses from_pretrained (on a GPU the
+    # job printed "warning: no memory plan (InstantiationException ...)").
+    from hydra import compose, initialize_config_dir
+
+    from framework.config.paths import CONFIG_DIR
+    from framework.config.store import register_configs
+    from framework.config.validate import validate
+    from framework.plan.check import refuse_if_it_cannot_fit
+    from framework.plan.layout import layout_of
+    from framework.plan.shapes import rank_parameters
+    from framework.strategies.registry import strategy_class
+
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=[*BASE, f"model.pretrained={saved['llama']}", *LAYOUTS["fsdp"],
+                                           "planner.device=h100"])
+    validate(cfg, 2, strategy_class("fsdp"))
+    assert refuse_if_it_cannot_fit(cfg, 2, lambda c: None).fits
+    planned = {p.name: p.full for p in rank_parameters(cfg, layout_of(cfg, 2))}
+    real = transformers.LlamaForCausalLM.from_pretrained(saved["llama"])
+    assert sorted(planned.values()) == sorted(tuple(p.shape) for p in real.parameters())

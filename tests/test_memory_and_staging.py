@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from framework.checkpoint import dcp_state
+from framework.checkpoint.staging import ReusedStager
 from framework.metrics.memory import IntervalPeakMemory
 from framework.precision import Precision
 
@@ -47,7 +48,7 @@ def test_background_saves_reuse_one_set_of_staging_buffers(tmp_path):
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(2, 64)).sum().backward()
     optimizer.step()
-    stager = dcp_state.reusable_stager(torch.device("cpu"))
+    stager = ReusedStager(torch.device("cpu"))
     try:
         saved, buffers = [], []
         for step in (1, 2):
@@ -55,7 +56,7 @@ def test_background_saves_reuse_one_set_of_staging_buffers(tmp_path):
                 model.weight.fill_(step)
             dcp_state.save(str(tmp_path / f"s{step}"), model, optimizer, _Schedule(), Precision(None, None),
                            background=True, stager=stager).result()
-            buffers.append({id(b) for b in stager._state_dict_stager._cached_storage_mapping.values()})
+            buffers.append({id(b) for b in stager._stager._state_dict_stager._cached_storage_mapping.values()})
             saved.append(step)
         assert buffers[0] and buffers[1] == buffers[0]       # the second save allocated nothing new
         for step in saved:                                   # and each save holds its own step's values
@@ -63,4 +64,4 @@ def test_background_saves_reuse_one_set_of_staging_buffers(tmp_path):
             torch.distributed.checkpoint.load(state, checkpoint_id=str(tmp_path / f"s{step}"), no_dist=True)
             assert torch.equal(state["model"]["weight"], torch.full((64, 64), float(step)))
     finally:
-        stager.close()
+        stager.release()

@@ -12,10 +12,10 @@ import os
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from framework.checkpoint.safety import check_dcp_metadata
+from framework.checkpoint.staging import ReusedStager
 
 EXTRA = "extra.json"
 # One key per parameter for optimizer states and hyper-parameters too: ranks that hold different
@@ -23,17 +23,8 @@ EXTRA = "extra.json"
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def reusable_stager(device: torch.device) -> DefaultStager:
-    """What background saves copy the state into: one set of CPU buffers kept from save to save (pinned
-    when the state is on a GPU, for fast device-to-host copies) instead of a fresh copy every time.
-    A save overwrites the buffers, so the previous save must be on disk first (CheckpointManager waits)."""
-    on_gpu = device.type == "cuda"
-    return DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                        use_async_staging=False, use_non_blocking_copy=on_gpu))
-
-
 def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None,
-         stager: DefaultStager | None = None):
+         stager: ReusedStager | None = None):
     """Write the state. background: stage a CPU copy (into `stager`'s buffers), write it from a thread
     over `group`, and return a Future that completes when the files are on disk."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)

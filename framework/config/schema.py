@@ -143,6 +143,7 @@ class TrainerConfig:
     # before its peers' collectives time out. 0 = off.
     stall_timeout_s: float = 900.0
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
+    deterministic: bool = False         # GPU runs repeat exactly (slower kernels); CPU runs always do
     compile: bool = False               # torch.compile each block (torch-native strategies); compile_time logged apart
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 

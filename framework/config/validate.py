@@ -12,6 +12,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
+from framework import determinism
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
@@ -307,6 +308,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     validate_sampling(cfg)
     validate_profile(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
+    determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
     strategy_cls.validate_batch(cfg, world_size)

@@ -32,6 +32,7 @@ ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 class Strategy:
     name = "base"
     checkpoint_format = "none"   #: what save_checkpoint writes; a checkpoint loads only into the same format
+    deterministic_refusal: str | None = None   #: why trainer.deterministic=true cannot hold here (None: it can)
     options = ParallelConfig  #: the schema of parallel.* for this strategy
     #: zero stage -> None if supported, else the strategies that support it (for the error message)
     zero_support: dict[int, str | None] = {0: None}
@@ -304,16 +305,17 @@ class TorchStrategy(Strategy):
         # The background writer gets a process group of its own, so its collectives never
         # interleave with the training step's on the default group.
         from framework.checkpoint import dcp_state
+        from framework.checkpoint.staging import ReusedStager
         if dist.is_initialized() and self._async_group is None:
             self._async_group = dist.new_group(backend="gloo")
         if self._stager is None:
-            self._stager = dcp_state.reusable_stager(self.device)
+            self._stager = ReusedStager(self.device)
         return dcp_state.save(path, self.checkpoint_model(), self.checkpoint_optimizer(), self.scheduler,
                               self.precision, background=True, group=self._async_group, stager=self._stager)
 
     def teardown(self) -> None:
         if self._stager is not None:
-            self._stager.close()
+            self._stager.release()
             self._stager = None
         super().teardown()
 

@@ -36,6 +36,11 @@ def _use_cpu_accelerator() -> None:
 class DeepSpeedStrategy(Strategy):
     name = "deepspeed"
     checkpoint_format = "deepspeed"
+    # Its own CUDA kernels (fused optimizers, ZeRO's bucketed reductions on side streams) are outside
+    # torch.use_deterministic_algorithms, which can neither fix nor refuse them, and DeepSpeed documents
+    # no deterministic mode.
+    deterministic_refusal = ("runs DeepSpeed's own kernels, which torch's deterministic switch does not cover; "
+                             "use parallel=fsdp (zero=stage1-3 shard the same way) or trainer.deterministic=false")
     options = DeepSpeedOptions
     default_workers = 2
     zero_support = {0: None, 1: None, 2: None, 3: None}

@@ -55,7 +55,9 @@ class HFCausalLM(nn.Module):
         fills them, e.g. each rank its own shards)."""
         super().__init__()
         transformers = require_transformers()
-        if pretrained and load_weights:
+        # Under a meta device (the planner's shapes-only build) transformers refuses from_pretrained;
+        # the config alone gives the same modules and shapes.
+        if pretrained and load_weights and torch.get_default_device().type != "meta":
             self.model = transformers.AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32)
         else:
             self.model = transformers.AutoModelForCausalLM.from_config(hf_config_of(pretrained, config),
