@@ -15,6 +15,7 @@ previous checkpoint is never touched.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -63,6 +64,21 @@ def fingerprint(cfg) -> dict:
     return {"model": model, "optimizer": cfg.optimizer._target_, "vocab_size": cfg.data.vocab_size}
 
 
+def _model_defaults(cfg) -> dict:
+    """The model schema's defaults: a key a newer version added reads as its default in an older checkpoint."""
+    schema = OmegaConf.get_type(cfg.model)
+    if not dataclasses.is_dataclass(schema):
+        return {}
+    out = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
 def read_meta(path: str) -> dict:
     try:
         with open(os.path.join(path, META)) as f:
@@ -84,6 +100,7 @@ def check_compatible(path: str, cfg, strategy_format: str) -> dict:
                               f"to move weights across, export it with `python -m framework.export` and start "
                               f"with checkpoint.initial_load")
     saved, now = meta["fingerprint"], fingerprint(cfg)
+    saved["model"] = {**_model_defaults(cfg), **saved.get("model", {})}   # keys added since it was saved
     for key in now:
         if saved.get(key) != now[key]:
             if key == "model":
