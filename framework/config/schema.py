@@ -168,7 +168,6 @@ class LauncherConfig:
     # so the elastic agent restarts the group or gives up. Generous enough for a first DeepSpeed op
     # build or a large checkpoint on a slow disk; lower it to fail faster.
     timeout_s: float = 1200.0
-    backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
     # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me):
     # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
