@@ -129,8 +129,8 @@ class TrainerConfig:
     global_batch_size: int = 16
     micro_batch_size: Optional[int] = None  # null = global_batch_size / data-parallel degree (no accumulation)
     log_every: int = 10
-    eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
-    eval_batches: int = 4
+    eval_every: int = 100               # 0 = never; otherwise every N steps and at the end
+    eval_batches: int = 2
     sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
     sample_prompt: str = ""             # "" = start from the end-of-text token
     sample_tokens: int = 32
