@@ -18,7 +18,13 @@ from framework import devices
 
 #: precision.name -> the compute dtype it means (precision.param_dtype must agree)
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+#: dtype name (precision.param_dtype / reduce_dtype) -> torch dtype; the one such map in the framework
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The torch dtype precision=<name> computes in (fp32 | bf16 | fp16)."""
+    return DTYPES[COMPUTE_DTYPES[name]]
 
 
 def validate_precision(cfg) -> None:
@@ -163,7 +169,7 @@ def build_precision(cfg, device: torch.device, autocast: bool = True) -> Precisi
     name = cfg.precision.name
     plugin = Precision(cfg, device)
     if name != "fp32" and autocast:
-        plugin = AutocastPrecision(cfg, device, DTYPES[COMPUTE_DTYPES[name]])
+        plugin = AutocastPrecision(cfg, device, compute_dtype(name))
     if name == "fp16":
         plugin = LossScaling(cfg, device, plugin)
     return plugin

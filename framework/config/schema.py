@@ -129,8 +129,8 @@ class TrainerConfig:
     global_batch_size: int = 16
     micro_batch_size: Optional[int] = None  # null = global_batch_size / data-parallel degree (no accumulation)
     log_every: int = 10
-    eval_every: int = 0                 # 0 = never; otherwise every N steps and at the end
-    eval_batches: int = 4
+    eval_every: int = 100               # 0 = never; otherwise every N steps and at the end
+    eval_batches: int = 2
     sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
     sample_prompt: str = ""             # "" = start from the end-of-text token
     sample_tokens: int = 32
@@ -169,7 +169,6 @@ class LauncherConfig:
     # so the elastic agent restarts the group or gives up. Generous enough for a first DeepSpeed op
     # build or a large checkpoint on a slow disk; lower it to fail faster.
     timeout_s: float = 1200.0
-    backend: Optional[str] = None           # null = nccl on CUDA, gloo otherwise
     # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me):
     # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])

@@ -14,8 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from framework.parallel.blocks import find_blocks
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from framework.precision import DTYPES
 
 
 def mixed_precision_policy(precision_cfg) -> MixedPrecisionPolicy:

@@ -25,6 +25,7 @@ from framework.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
+from framework.precision import compute_dtype
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
 
@@ -146,7 +147,7 @@ def _measure(key, cfg) -> ActivationProfile:
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
         precision = cfg.precision.name
-        autocast = (torch.autocast("cpu", dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+        autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
                     if precision in ("bf16", "fp16") else torch.autocast("cpu", enabled=False))
         with tracker, autocast:
             logits = model(tokens)

@@ -22,8 +22,7 @@ from framework.strategies import deepspeed_config as dsc
 from framework.strategies.deepspeed_ops import skip_inference_comm_op
 from framework.strategies.deepspeed_options import DeepSpeedOptions
 from framework.strategies.base import Strategy
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from framework.precision import compute_dtype
 
 
 
@@ -136,7 +135,7 @@ class DeepSpeedStrategy(Strategy):
             model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
             lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
         self.model = self.engine
-        self.dtype = DTYPES[self.cfg.precision.name]
+        self.dtype = compute_dtype(self.cfg.precision.name)
 
     def _build_model(self, model_factory) -> torch.nn.Module:
         """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
