@@ -23,6 +23,7 @@ def app(cfg) -> float | None:
     """Returns the run's trainer.objective, which a sweeper such as Optuna minimises."""
     global _task_started
     _task_started = True
+    refuse_a_study_without_its_objective(cfg)
     try:
         return launch.run(cfg, HydraConfig.get().runtime.output_dir)
     except SystemExit as e:
@@ -31,6 +32,21 @@ def app(cfg) -> float | None:
             raise
         _failed_points.add(e.code)
         raise SweepPointFailed(f"exit code {e.code}") from None
+
+
+def refuse_a_study_without_its_objective(cfg) -> None:
+    """An Optuna study minimises trainer.objective; val_loss with evaluation off is never logged, and every
+    trial would run before the sweeper found no value. Refused before the first trial, ending the whole
+    sweep (a SystemExit is not a failed trial)."""
+    sweeper = HydraConfig.get().sweeper.get("_target_", "")
+    t = cfg.trainer
+    if HydraConfig.get().mode == RunMode.MULTIRUN and "optuna" in sweeper and t.objective == "val_loss" \
+            and not t.eval_every:
+        print("error: trainer.eval_every: an Optuna study minimises trainer.objective=val_loss, which "
+              "trainer.eval_every=0 never computes; set trainer.eval_every to a positive step count, or "
+              "trainer.objective=loss to minimise the final training loss", file=sys.stderr)
+        launch.remove_if_only_hydra_files(HydraConfig.get().runtime.output_dir)
+        sys.exit(exit_codes.USAGE)
 
 
 def main() -> None:

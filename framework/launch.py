@@ -89,7 +89,7 @@ def hydra_output_subdir(name: str):
     return name if is_rank_zero() else None
 
 
-def _remove_if_only_hydra_files(run_dir: str) -> None:
+def remove_if_only_hydra_files(run_dir: str) -> None:
     """Hydra makes the run dir before the job starts; a rejected config should leave nothing behind."""
     if is_rank_zero() and os.path.isdir(run_dir) and set(os.listdir(run_dir)) <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -108,7 +108,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         check_the_plan(cfg, world_size)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        _remove_if_only_hydra_files(run_dir)
+        remove_if_only_hydra_files(run_dir)
         sys.exit(2)
 
     placement = discover(os.environ)

@@ -46,3 +46,14 @@ def test_plain_sweep_of_invalid_points_still_exits_2(tmp_path):
     proc = run_framework(["-m", *ARGS, "trainer.micro_batch_size=3,5", f"hydra.sweep.dir={tmp_path / 's'}"])
     assert proc.returncode == 2
     assert proc.stderr.count("error: trainer.global_batch_size:") == 2
+
+
+def test_a_study_of_val_loss_without_evaluation_is_refused_before_its_first_trial(tmp_path):
+    sweep = tmp_path / "s"
+    proc = run_framework(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", *ARGS, "trainer.max_steps=2",
+                          "trainer.eval_every=0", "optimizer.lr=interval(1e-4,1e-3)", f"hydra.sweep.dir={sweep}"])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: trainer.eval_every:") and "trainer.objective=loss" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert not list(sweep.rglob("metrics.jsonl")) and not [p for p in sweep.iterdir() if p.is_dir()]
