@@ -15,11 +15,16 @@ def planned_device(cfg) -> Device | None:
 
 
 def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
-    """(world size, GPUs per node) the plan is for: planner.nodes x planner.gpus_per_node when given."""
-    per_node = cfg.planner.gpus_per_node
-    if per_node is None:
-        return launcher_world, (launcher_world if device.name == "cpu" else 8)
-    return cfg.planner.nodes * per_node, per_node
+    """(world size, GPUs per node) the plan is for: planner.nodes x GPUs per node, which is
+    planner.gpus_per_node, else the job's launcher.nproc_per_node, else 8 for a GPU (the launcher's world
+    on a CPU). A single node with neither given is planned at the launcher's world size."""
+    p = cfg.planner
+    per_node = p.gpus_per_node or cfg.launcher.nproc_per_node
+    fallback = launcher_world if device.name == "cpu" else 8
+    if p.gpus_per_node is None and p.nodes == 1:
+        return launcher_world, per_node or fallback
+    per_node = per_node or fallback
+    return p.nodes * per_node, per_node
 
 
 def _variants(cfg):
