@@ -276,6 +276,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
     explicit = hydra_explicit_keys() if explicit is None else explicit
     strategy_cls.adopt_user_files(cfg, world_size, explicit)
+    strategy_cls.check_world(cfg, world_size)
     fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
               "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")

@@ -52,6 +52,10 @@ class Strategy:
         return cls.default_workers
 
     @classmethod
+    def check_world(cls, cfg, world_size: int) -> None:
+        """Before anything divides the world: refuse a world too small for the layout, saying how to shrink it."""
+
+    @classmethod
     def data_parallel_size(cls, cfg, world_size: int) -> int:
         return world_size
 

@@ -15,6 +15,7 @@ data-parallel rank a full replica (HSDP with shard size 1); stage1 is refused.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from framework.config.errors import ConfigError
+from framework.devices import device_type
 from framework.models.spec import spec_for
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import (build_schedule, canonical_name, min_microbatches, stage_ids,
@@ -71,6 +73,27 @@ class Parallel3DStrategy(TorchStrategy):
         if -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp):
             return p.default_world_size
         return ParallelDims.default_world_size(p)
+
+    @classmethod
+    def check_world(cls, cfg, world_size: int) -> None:
+        p = cfg.parallel
+        if -1 not in (p.tp, p.pp, p.dp_replicate, p.dp_shard):
+            return      # every degree fixed: ParallelDims names the product against the world size
+        fixed = {dim: p[dim] for dim in ("tp", "pp", "dp_replicate", "dp_shard") if p[dim] > 1}
+        need = math.prod(fixed.values())
+        if world_size >= need:
+            return
+        names = " x ".join(f"parallel.{dim}" for dim in fixed)
+        values = " x ".join(str(v) for v in fixed.values())
+        on_gpus = device_type(cfg) == "cuda"
+        has = (f"this node has {world_size} visible GPU{'s' if world_size != 1 else ''}" if on_gpus
+               else f"the world size is {world_size}")
+        shrink = " ".join(f"parallel.{dim}=1" for dim in fixed if dim in ("tp", "pp")) or \
+            " ".join(f"parallel.{dim}=-1" for dim in fixed)
+        raise ConfigError("parallel", f"this layout needs at least {names} = {values} = {need} "
+                                      f"{'GPUs' if on_gpus else 'workers'}, but {has}; shrink it ({shrink}, or "
+                                      f"parallel=fsdp on one node) or run it on {need} or more "
+                                      f"{'GPUs (torchrun/srun across nodes)' if on_gpus else 'workers (launcher.nproc_per_node)'}")
 
     @classmethod
     def data_parallel_size(cls, cfg, world_size: int) -> int:
