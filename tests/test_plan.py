@@ -132,6 +132,7 @@ def test_a_job_that_cannot_fit_is_refused_before_launch_with_the_cheapest_fix(tm
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: planner: the most loaded rank needs "), proc.stderr
     assert "one a100_40gb holds 40.0 GiB" in lines[0], lines[0]
+    assert "planner.check=false" in lines[0], "the refusal names how to run the job anyway"
     fix = lines[0].split("the cheapest change that fits: ")[1].split(" (")[0]
     # the change it names does fit: the same job with it passes the check (and stops on the next rule)
     proc = run_framework(["model=llama_125m", "parallel=ddp", "planner.device=a100_40gb", "data.seq_len=2048",
