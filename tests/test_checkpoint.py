@@ -230,3 +230,23 @@ def test_rerun_of_a_finished_job_exits_0_as_already_complete(uninterrupted):
     proc = run_framework([*FAST, *CKPT, f"checkpoint.resume={full_dir / 'checkpoints' / 'step_00000008'}"],
                          full_dir, timeout=60)
     assert proc.returncode == 2 and "raise trainer.max_steps" in proc.stderr   # an explicit path stays an error
+
+
+@pytest.mark.parametrize("layout", [["parallel=ddp"], ["parallel=deepspeed", "zero=stage3"]], ids=["ddp", "ds_z3"])
+def test_the_manifest_the_ranks_build_together_lists_every_file_once(trained_run, layout):
+    """Each rank checksums its share of a checkpoint's files; rank 0's meta.json lists every file (but
+    itself) with the size and CRC-32 one process computes over the whole directory."""
+    from framework.checkpoint.manifest import build_manifest
+    for step_dir in sorted((trained_run(*layout) / "checkpoints").glob("step_*")):
+        saved = json.loads((step_dir / "meta.json").read_text())["files"]
+        assert saved == build_manifest(str(step_dir), skip=("meta.json",))
+
+
+def test_shares_split_files_once_by_bytes():
+    from framework.checkpoint.manifest import shares
+    sizes = {f"f{i}": size for i, size in enumerate([100, 90, 50, 40, 30, 10, 5, 1])}
+    parts = shares(sizes, 3)
+    assert sorted(k for p in parts for k in p) == sorted(sizes)
+    loads = [sum(p.values()) for p in parts]
+    assert max(loads) - min(loads) <= max(sizes.values())
+    assert shares(sizes, 3) == parts        # every rank computes the same split

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from framework import faults
-from framework.checkpoint.manifest import build_manifest, first_damage
+from framework.checkpoint.manifest import first_damage, shared_manifest
 from framework.checkpoint.safety import load_tensors_only
 from framework.data import tokenizer
 
@@ -225,10 +225,12 @@ class CheckpointManager:
             _write_json(os.path.join(partial, TRAINER), {"step": step})
             OmegaConf.save(self.cfg, os.path.join(partial, CONFIG), resolve=True)
             tokenizer.record_in(self.cfg.data, partial)
+        files = shared_manifest(partial, skip=(META,))    # every rank checksums its share
+        if _rank() == 0:
             _write_json(os.path.join(partial, META), {
                 "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
                 "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
-                "fingerprint": fingerprint(self.cfg), "files": build_manifest(partial, skip=(META,))})
+                "fingerprint": fingerprint(self.cfg), "files": files})
             self._commit(partial, final)
             self._prune()
         _barrier()
