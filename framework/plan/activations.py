@@ -9,6 +9,9 @@ Tensor parallelism is applied per tensor from the model spec's plan: outputs of 
 modules and of what runs between them and the row-parallel ones (attention, the MLP's activation)
 are split tp ways; row-parallel outputs, norms and residual adds are whole on each rank unless
 sequence parallelism splits them along the sequence. Pipeline stages keep their own blocks' share.
+
+Autocast's low-precision copies of the weights (COPIES), which the backward of each matmul keeps, are
+made once per step whatever the micro-batch: they are counted apart from what grows with it.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
+COPIES = "copies"       # autocast's casts of the weights: split by tp like the weights, not by micro-batch
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,13 @@ class ActivationProfile:
     tail: dict          # after the last block (final norm, head, logits, loss)
     block_full: int     # bytes one block keeps without checkpointing (what a recompute makes again)
 
+    def stage_copies(self, block_ids: list[int], first: bool, last: bool, tp: int) -> int:
+        """Bytes of the stage's weight copies autocast keeps, the same for any micro-batch."""
+        parts = [self.blocks[i] for i in block_ids] + ([self.head] if first else []) + ([self.tail] if last else [])
+        return int(sum(p.get(COPIES, 0) for p in parts) / tp)
+
     def stage_bytes(self, block_ids: list[int], first: bool, last: bool, tp: int, sp: bool) -> int:
+        """Bytes of one sequence's activations the stage keeps (they grow with the micro-batch)."""
         def divided(kinds: dict) -> float:
             return (kinds.get(SPLIT, 0) / tp + kinds.get(SEQUENCE, 0) / (tp if sp else 1)
                     + kinds.get(WHOLE, 0))
@@ -61,6 +71,9 @@ class _LiveTensors(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        is_copy = (func is torch.ops.aten._to_copy.default and source is not None
+                   and id(source.untyped_storage()) in self.known)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
@@ -68,7 +81,10 @@ class _LiveTensors(TorchDispatchMode):
                 earlier = self.made.get(key)
                 # ids are reused once a storage dies: a dead entry under this id is another tensor's
                 if key not in self.known and (earlier is None or earlier[0]() is None):
-                    self.made[key] = (weakref.ref(storage), storage.nbytes(), self.where())
+                    where = self.where()
+                    if is_copy:
+                        where = (*where[:2], COPIES)
+                    self.made[key] = (weakref.ref(storage), storage.nbytes(), where)
         return out
 
     def alive(self):
@@ -162,7 +178,7 @@ def _measure(key, cfg) -> ActivationProfile:
         for h in handles:
             h.remove()
     block_full = _block_without_checkpointing(cfg, micro_batch, seq_len) if cfg.activation_checkpointing.mode != "none" \
-        else (sum(per_block[0].values()) if per_block else 0)
+        else (sum(v for k, v in per_block[0].items() if k != COPIES) if per_block else 0)
     profile = ActivationProfile(head=head, blocks=per_block, tail=tail, block_full=block_full)
     _CACHE[key] = profile
     return profile
@@ -172,4 +188,4 @@ def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int) -> int:
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     plain.activation_checkpointing.mode = "none"
     profile = measure(plain, micro_batch, seq_len)
-    return sum(profile.blocks[0].values()) if profile.blocks else 0
+    return sum(v for k, v in profile.blocks[0].items() if k != COPIES) if profile.blocks else 0
