@@ -88,6 +88,8 @@ def _unit_numels(shapes) -> list[int]:
 def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
     profile = activations.measure(cfg, 1, layout.seq_len)     # scaled by the micro-batch, but weight copies
+    if cfg.trainer.get("compile") and layout.ac == "none":
+        profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
     n_blocks = len(profile.blocks)
     stages = layout.pp * layout.virtual_stages
