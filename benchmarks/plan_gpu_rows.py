@@ -1,4 +1,5 @@
-"""The planner against the measured H100 rows (../shared/gpu/h100_single_gpu.jsonl, or the path given):
+"""The planner against the measured H100 rows (tests/fixtures/h100_single_gpu.jsonl, a copy of the shared
+GPU session's, or the path given):
 each row's planned peak memory and step time next to what the GPU measured. Static: no GPU needed.
 `python benchmarks/plan_gpu_rows.py [ROWS.jsonl]`"""
 import json
@@ -8,7 +9,7 @@ import sys
 from framework.plan.__main__ import plan_for
 
 GIB = 1024 ** 3
-DEFAULT = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "gpu", "h100_single_gpu.jsonl")
+DEFAULT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "h100_single_gpu.jsonl")
 
 
 def rows(path: str) -> list[dict]:
