@@ -9,6 +9,13 @@ Tensor parallelism is applied per tensor from the model spec's plan: outputs of 
 modules and of what runs between them and the row-parallel ones (attention, the MLP's activation)
 are split tp ways; row-parallel outputs, norms and residual adds are whole on each rank unless
 sequence parallelism splits them along the sequence. Pipeline stages keep their own blocks' share.
+
+Autocast's low-precision copies of the weights (COPIES), which the backward of each matmul keeps, are
+made once per step whatever the micro-batch: they are counted apart from what grows with it.
+
+A compiled block (trainer.compile) keeps less: inductor's partitioner saves the outputs of matmuls and
+attention and the block's residual stream, and recomputes the pointwise work between them (norms, rope,
+the MLP's activation) in the backward. `compiled` is the same profile with only those kept in blocks.
 """
 from __future__ import annotations
 
@@ -28,6 +35,10 @@ from framework.parallel.blocks import find_blocks
 from framework.precision import compute_dtype
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
+COPIES = "copies"       # autocast's casts of the weights: split by tp like the weights, not by micro-batch
+# ops whose outputs a compiled block still saves for backward (the rest it recomputes)
+SAVED_BY_COMPILE = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product", "aten::_efficient_attention",
+                    "aten::_flash_attention", "aten::embedding")
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,15 @@ class ActivationProfile:
     blocks: list        # per block: kind -> bytes
     tail: dict          # after the last block (final norm, head, logits, loss)
     block_full: int     # bytes one block keeps without checkpointing (what a recompute makes again)
+    compiled: "ActivationProfile | None" = None   # the same with compiled blocks
+
+    def stage_copies(self, block_ids: list[int], first: bool, last: bool, tp: int) -> int:
+        """Bytes of the stage's weight copies autocast keeps, the same for any micro-batch."""
+        parts = [self.blocks[i] for i in block_ids] + ([self.head] if first else []) + ([self.tail] if last else [])
+        return int(sum(p.get(COPIES, 0) for p in parts) / tp)
 
     def stage_bytes(self, block_ids: list[int], first: bool, last: bool, tp: int, sp: bool) -> int:
+        """Bytes of one sequence's activations the stage keeps (they grow with the micro-batch)."""
         def divided(kinds: dict) -> float:
             return (kinds.get(SPLIT, 0) / tp + kinds.get(SEQUENCE, 0) / (tp if sp else 1)
                     + kinds.get(WHOLE, 0))
@@ -53,15 +71,19 @@ class ActivationProfile:
 class _LiveTensors(TorchDispatchMode):
     """Every tensor an op creates, keyed by its storage, with who made it."""
 
-    def __init__(self, where, existing):
+    def __init__(self, where, existing, residual):
         super().__init__()
         self.where = where
+        self.residual = residual        # the op runs in a block's own frame (a residual add)
         self.existing = existing        # storages of parameters and buffers: views of them are not new
         self.known = {id(s) for s in existing}
         self.made: dict[int, tuple] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        is_copy = (func is torch.ops.aten._to_copy.default and source is not None
+                   and id(source.untyped_storage()) in self.known)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
@@ -69,13 +91,17 @@ class _LiveTensors(TorchDispatchMode):
                 earlier = self.made.get(key)
                 # ids are reused once a storage dies: a dead entry under this id is another tensor's
                 if key not in self.known and (earlier is None or earlier[0]() is None):
-                    self.made[key] = (weakref.ref(storage), storage.nbytes(), self.where())
+                    where = self.where()
+                    if is_copy:
+                        where = (*where[:2], COPIES)
+                    kept = is_copy or where[2] == SEQUENCE and self.residual() or func.name().startswith(SAVED_BY_COMPILE)
+                    self.made[key] = (weakref.ref(storage), storage.nbytes(), where, kept)
         return out
 
     def alive(self):
-        for ref, nbytes, where in self.made.values():
+        for ref, nbytes, where, kept in self.made.values():
             if ref() is not None:
-                yield nbytes, where
+                yield nbytes, where, kept
 
 
 def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
@@ -145,7 +171,8 @@ def _measure(key, cfg) -> ActivationProfile:
         for p in model.parameters():
             p.requires_grad_(True)
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
-        tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
+        tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())],
+                               lambda: bool(stack) and stack[-1] in block_names)
         precision = cfg.precision.name
         autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
                     if precision in ("bf16", "fp16") else torch.autocast("cpu", enabled=False))
@@ -156,15 +183,19 @@ def _measure(key, cfg) -> ActivationProfile:
         head: dict = {}
         tail: dict = {}
         per_block = [dict() for _ in blocks]
-        for nbytes, (region, index, kind) in tracker.alive():
+        compiled_blocks = [dict() for _ in blocks]
+        for nbytes, (region, index, kind), kept in tracker.alive():
             bucket = per_block[index] if region == "block" else (head if region == "head" else tail)
             bucket[kind] = bucket.get(kind, 0) + nbytes
+            if region == "block" and kept:
+                compiled_blocks[index][kind] = compiled_blocks[index].get(kind, 0) + nbytes
         del loss
         for h in handles:
             h.remove()
     block_full = _block_without_checkpointing(cfg, micro_batch, seq_len) if cfg.activation_checkpointing.mode != "none" \
-        else (sum(per_block[0].values()) if per_block else 0)
-    profile = ActivationProfile(head=head, blocks=per_block, tail=tail, block_full=block_full)
+        else (sum(v for k, v in per_block[0].items() if k != COPIES) if per_block else 0)
+    compiled = ActivationProfile(head=head, blocks=compiled_blocks, tail=tail, block_full=block_full)
+    profile = ActivationProfile(head=head, blocks=per_block, tail=tail, block_full=block_full, compiled=compiled)
     _CACHE[key] = profile
     return profile
 
@@ -173,4 +204,4 @@ def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int) -> int:
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     plain.activation_checkpointing.mode = "none"
     profile = measure(plain, micro_batch, seq_len)
-    return sum(profile.blocks[0].values()) if profile.blocks else 0
+    return sum(v for k, v in profile.blocks[0].items() if k != COPIES) if profile.blocks else 0

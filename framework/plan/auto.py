@@ -121,6 +121,7 @@ def apply(cfg, cand: Candidate) -> DictConfig:
     trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     parallel = OmegaConf.to_container(OmegaConf.structured(cls.options), resolve=True)
     parallel.update(dict(cand.parallel))
+    parallel["name"] = cand.strategy      # a strategy on the base schema (single) leaves it MISSING
     trial.parallel = parallel
     trial.zero.stage = cand.zero
     trial.zero.offload_optimizer = cand.offload

@@ -54,7 +54,15 @@ class Device:
 
 _GPUS = {
     # name: (table key in mfu, HBM bytes, HBM B/s, intra-node B/s, inter-node B/s, fp8 dense FLOP/s)
+    # Sources: NVIDIA's H100 (SXM5 / PCIe) and H200 datasheets (HBM, NVLink 900 / PCIe Gen5 128 GB/s both
+    # directions), the A100 datasheet (NVLink 600 GB/s both directions), the DGX B200 datasheet (NVLink5
+    # 1.8 TB/s), AMD's MI300X datasheet (Infinity Fabric 896 GB/s); inter-node: one 400 Gb/s NIC per GPU
+    # (200 Gb/s on A100 systems)
     "h100": ("H100", 80 * GIB, 3.35e12, 450 * GB, 50 * GB, 1979e12),
+    # torchtitan's Llama 3.1 benchmarks (docs/performance.md, benchmarks/llama3_h100_202412_torchtitan.md):
+    # Grand Teton hosts, 8 H100s on NVLink, "96GB HBM2e with 2.4 TB/sec", 400 Gb/s RDMA per GPU; 94.5 GiB
+    # of its 96 GiB usable ("128 H100 (94GB memory)"), as the 80 GB part shows 79.1 of 80 GiB
+    "h100_96gb": ("H100", int(94.5 * GIB), 2.4e12, 450 * GB, 50 * GB, 1979e12),
     "h100_pcie": ("H100 PCIe", 80 * GIB, 2.0e12, 64 * GB, 50 * GB, 1513e12),
     "h200": ("H200", 141 * GIB, 4.8e12, 450 * GB, 50 * GB, 1979e12),
     "a100_40gb": ("A100", 40 * GIB, 1.555e12, 300 * GB, 25 * GB, 0.0),

@@ -87,7 +87,9 @@ def _unit_numels(shapes) -> list[int]:
 
 def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
-    profile = activations.measure(cfg, 1, layout.seq_len)     # every activation grows with the micro-batch
+    profile = activations.measure(cfg, 1, layout.seq_len)     # scaled by the micro-batch, but weight copies
+    if cfg.trainer.get("compile") and layout.ac == "none":
+        profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
     n_blocks = len(profile.blocks)
     stages = layout.pp * layout.virtual_stages
@@ -95,11 +97,13 @@ def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     if layout.pp == 1:
         ids, first, last = list(range(n_blocks)), True, True
         held = scale * profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
+        held += profile.stage_copies(ids, first, last, layout.tp)
     else:
         mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
         ids = [b for s in mine for b in range(s * per_stage, (s + 1) * per_stage)]
         per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
         held = int(scale * per_mb * _in_flight(layout, pp_rank))
+        held += profile.stage_copies(ids, 0 in mine, stages - 1 in mine, layout.tp)
     recompute = scale * profile.block_full // layout.tp if layout.ac != "none" else 0
     return held, recompute
 

@@ -1,0 +1,133 @@
+"""The planner on a GPU machine, checked on CPU with the CUDA boundary stubbed (tests/fixtures/fake_gpus)."""
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from framework import launch, precision
+from framework.config.paths import CONFIG_DIR
+from framework.config.store import register_configs
+from framework.config.validate import validate
+from framework.plan.__main__ import plan_for
+from framework.strategies.registry import strategy_class
+from tests.fixtures import fake_gpus
+from tests.helpers import FAST, check_ok, read_metrics, run_framework
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import plan_gpu_rows  # noqa: E402  (benchmarks/ is scripts, not a package)
+
+GIB = 1024 ** 3
+
+TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    for key in TORCHRUN_ENV:
+        monkeypatch.delenv(key, raising=False)
+    precision.compute_supported.cache_clear()
+    fake_gpus.install(1, setattr=monkeypatch.setattr)
+    yield
+    precision.compute_supported.cache_clear()
+
+
+def test_auto_on_one_gpu_rewrites_the_config_to_a_named_strategy(one_gpu):
+    # On a GPU machine the world is the visible GPUs (here 1), so `single` is a candidate: its options
+    # schema leaves parallel.name MISSING, which ended the launch in 'Missing mandatory value: parallel.name'
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=[*FAST, "parallel=auto", "device=cuda"])
+    launch.choose_auto_layout(cfg)
+    assert cfg.parallel.name == "single"
+    validate(cfg, 1, strategy_class(cfg.parallel.name))
+
+
+def test_auto_starts_and_trains_with_a_gpu_detected(tmp_path):
+    run_dir = tmp_path / "auto"
+    proc = run_framework([*FAST, "trainer.max_steps=2", "parallel=auto", "device=cpu", "launcher.nproc_per_node=1"],
+                         run_dir, timeout=180, module="tests.fixtures.fake_gpus", env={"FAKE_GPUS": "1"})
+    check_ok(proc)
+    assert "parallel=auto:" in proc.stderr and "picked #1" in proc.stderr
+    assert OmegaConf.load(run_dir / "config.yaml").parallel.name == "single"
+    assert [r["step"] for r in read_metrics(run_dir) if "loss" in r][-1] == 2
+
+
+# ---- the static model against what an H100 measured (no GPU needed) --------------------------------
+
+ROWS = {r["name"]: r for r in plan_gpu_rows.rows(plan_gpu_rows.DEFAULT)}
+# Rows the model does not yet meet (issue 32, left open): AC full plans 1.16x (the recompute of one block
+# and the fp32 logits' gradient are summed, though they need not coexist at the peak), the 125M row with
+# its 50k-vocab logits plans 0.84x, a compiled block saves more than matmul outputs (0.88x).
+MEMORY_NOT_YET = {"b1_bf16_acfull", "l125_bf16", "b1_bf16_compile"}
+
+
+@pytest.fixture(scope="module")
+def planned_rows():
+    return {name: plan_gpu_rows.planned(row) for name, row in ROWS.items()}
+
+
+def _rows_marked(not_yet: set, keep=lambda row: True):
+    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="issue 32: not yet within tolerance"))
+            if name in not_yet else name for name, row in ROWS.items() if keep(row)]
+
+
+@pytest.mark.parametrize("name", _rows_marked(MEMORY_NOT_YET))
+def test_planned_peak_is_within_10pct_of_the_measured_peak_allocated(planned_rows, name):
+    planned = planned_rows[name].per_rank_bytes["total"] / GIB
+    assert planned == pytest.approx(ROWS[name]["peak_allocated_gib"], rel=0.10)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32: step time is still 0.39-0.88 of the measured (no per-op-class model yet)")
+def test_planned_step_time_is_within_20pct_where_the_step_was_checked(planned_rows):
+    ratios = {n: planned_rows[n].step_time_s / r["step_s"] for n, r in ROWS.items() if r.get("step_checked")}
+    assert all(0.8 <= v <= 1.2 for v in ratios.values()), ratios
+
+
+B1_FP32 = ("model=llama_125m model.dim=2048 model.n_layers=16 model.n_heads=16 model.n_kv_heads=8 model.vocab_size=32000 "
+           "data=synthetic data.vocab_size=32000 data.seq_len=2048 parallel=single precision=fp32 "
+           "trainer.global_batch_size=8 planner.device=h100 planner.gpus_per_node=1")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32: fp32 with GQA runs SDPA's math kernel on a GPU (s^2 probabilities "
+                                       "kept); the CPU trace sees a fused kernel and plans 56.7 GiB")
+def test_the_fp32_job_that_died_of_oom_on_an_h100_is_planned_as_not_fitting():
+    # measured: CUDA OOM at step 1 with 75.3 GiB allocated, asking for 2 more
+    plan, _ = plan_for(B1_FP32.split())
+    assert not plan.fits
+
+
+# ---- torchtitan's published H100 runs (held out: nothing here was fitted on them) --------------------
+# Source: pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (and docs/performance.md, Table 1):
+# Llama 3.1 8B, FSDP, local batch 2, seq 8192, selective AC, bf16, on 96 GB H100s (8 per host).
+LLAMA3_8B = ("model=llama3_8b data=synthetic data.vocab_size=128256 data.seq_len=8192 precision=bf16 "
+             "planner.device=h100_96gb planner.gpus_per_node=8").split()
+TORCHTITAN = [  # (name, extra overrides, measured GiB, tokens/s/GPU)
+    ("fsdp_x8", ["planner.nodes=1", "trainer.global_batch_size=16"], 82.4, 5762),
+    ("fsdp_x8_compile", ["planner.nodes=1", "trainer.global_batch_size=16", "trainer.compile=true"], 77.0, 6667),
+    ("fsdp_x128", ["planner.nodes=16", "trainer.global_batch_size=256"], 67.0, 5605),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 32: the 8B plans 99-113 GiB and ~7,960 tokens/s/GPU (torchtitan's "
+                                       "selective AC is per-op; ours checkpoints every n-th block)")
+@pytest.mark.parametrize("name,extra,gib,tokens", TORCHTITAN, ids=[t[0] for t in TORCHTITAN])
+def test_torchtitans_published_h100_runs_are_planned_and_not_refused(name, extra, gib, tokens):
+    plan, _ = plan_for([*LLAMA3_8B, *extra, "parallel=fsdp", "zero=stage3", "activation_checkpointing=selective",
+                        "trainer.micro_batch_size=2"])
+    per_gpu = plan.tokens_per_sec / plan.layout.world
+    assert plan.fits
+    assert plan.per_rank_bytes["total"] / GIB == pytest.approx(gib, rel=0.15)
+    assert per_gpu == pytest.approx(tokens, rel=0.25)
+
+
+def test_auto_for_the_8b_on_8_h100s_picks_a_layout_planned_at_least_as_fast_as_fsdp():
+    from framework.plan.auto import rank_layouts
+    from framework.plan.hardware import device_named
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=[*LLAMA3_8B, "parallel=auto", "trainer.global_batch_size=16"])
+    ranked = rank_layouts(cfg, 8, device_named("h100"), 8)
+    fsdp = min(plan.step_time_s for cand, plan in ranked if cand.strategy == "fsdp")
+    assert ranked[0][1].step_time_s <= fsdp
