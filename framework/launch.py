@@ -6,6 +6,7 @@ compose the config again: they get the resolved config the parent validated (and
 """
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import shutil
@@ -175,6 +176,19 @@ def start_fork_server(strategy_modules: tuple[str, ...] = ()) -> None:
     forkserver.ensure_running()
 
 
+def stop_grace(cfg: DictConfig) -> dict:
+    """LaunchConfig's grace between passing a signal on and SIGKILLing the workers. torch added the
+    setting (shutdown_timeout) in 2.11's time; a torch without it keeps a fixed 30 s, said once here."""
+    from dataclasses import fields
+
+    from torch.distributed.launcher.api import LaunchConfig
+    if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:
+        return {"shutdown_timeout": int(math.ceil(cfg.launcher.stop_grace_s))}
+    print(f"warning: launcher.stop_grace_s={cfg.launcher.stop_grace_s} needs a torch whose elastic launcher has "
+          f"shutdown_timeout; this one SIGKILLs workers 30 s after passing a signal on", file=sys.stderr)
+    return {}
+
+
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:
     """nproc workers on this host; with `node`, this host's share of a multi-node group that meets at
     the node's rendezvous (static: ranks follow the node rank; c10d: nodes join in any order)."""
@@ -201,6 +215,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="forkserver",
+        **stop_grace(cfg),
     )
     if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         # a joblib (loky) sweep worker: its children could not set up loky's start method

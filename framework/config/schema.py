@@ -172,6 +172,10 @@ class LauncherConfig:
     # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me):
     # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
+    # After passing a signal on, the launcher's elastic agent waits this long for the workers to finish
+    # their step, vote, save and exit before it SIGKILLs them (torch's own default is 30 s). Sized for
+    # the llama3_8b recipe's preemption save (README, "Signals"); a larger model or slower disk needs more.
+    stop_grace_s: float = 180.0
 
 
 @dataclass

@@ -279,7 +279,8 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     strategy_cls.check_world(cfg, world_size)
     fill_micro_batch_size(cfg, world_size, strategy_cls)
     _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
-              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s")
+              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s",
+              "launcher.stop_grace_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
                 "scheduler.warmup_steps", "seed", "trainer.stall_timeout_s"):
         if _select(cfg, key) < 0:
