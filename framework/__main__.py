@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 
 _task_started = False
 _failed_points: set[int] = set()

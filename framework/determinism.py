@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 ENVIRONMENT = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
 

@@ -12,7 +12,7 @@ import socket
 import torch
 
 from framework.cluster.env import Node, Worker, discover
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 
 def device_type(cfg) -> str:
@@ -58,20 +58,6 @@ def check_visible_gpus(cfg, world_size: int) -> None:
         raise ConfigError("launcher.nproc_per_node",
                           f"{need} workers on this node but {gpus} visible GPU{'s' if gpus != 1 else ''}; "
                           f"set {_who_sets_local_workers()} to at most {gpus} (one GPU per worker) or device=cpu")
-
-
-def world_size_is_open(cfg, strategy_cls) -> bool:
-    """Whether the strategy runs with any number of workers: ddp and deepspeed, or degrees with a -1."""
-    p = cfg.parallel
-    return strategy_cls.default_workers > 1 or -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp)
-
-
-def default_world_size(cfg, strategy_cls) -> int:
-    """Workers to spawn when neither torchrun nor launcher.nproc_per_node says: one per visible GPU on
-    CUDA where the strategy leaves the count open, else what its degrees (or its CPU default) ask for."""
-    if device_type(cfg) == "cuda" and world_size_is_open(cfg, strategy_cls):
-        return max(1, torch.cuda.device_count())
-    return strategy_cls.default_world_size(cfg)
 
 
 def process_group_backend(cfg, device: torch.device) -> str:

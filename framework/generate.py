@@ -54,7 +54,7 @@ def _built(spec, model_cfg):
 
 @torch.no_grad()
 def _from_export(path: str):
-    from framework.config.errors import ConfigError
+    from framework.errors import ConfigError
     from framework.models import hf_files
     from framework.models.spec import spec_for_hf
     hf = hf_files.read_config(path)

@@ -18,21 +18,17 @@ from datetime import timedelta
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
-from framework.cluster import sweep_gpus
+from framework import sweep_gpus
 from framework.cluster.env import Node, Worker, discover, stable_job_dir
 from framework.checkpoint.manager import completed_checkpoint
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
-from framework.devices import default_world_size
+from framework.world import nproc_for_node, under_torchrun, world_size_for
 from framework.metrics.logger import final_value
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
-
-
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ and "LOCAL_RANK" in os.environ
 
 
 def is_rank_zero() -> bool:
@@ -40,24 +36,6 @@ def is_rank_zero() -> bool:
     if placement is not None:
         return placement.is_rank_zero
     return int(os.environ.get("RANK", "0")) == 0
-
-
-def nproc_for_node(cfg: DictConfig, strategy_cls, node: Node | None) -> int:
-    if node is None:
-        return cfg.launcher.nproc_per_node or default_world_size(cfg, strategy_cls)
-    return (node.nproc_per_node or cfg.launcher.nproc_per_node
-            or max(1, default_world_size(cfg, strategy_cls) // node.max_nodes))
-
-
-def world_size_for(cfg: DictConfig, strategy_cls) -> int:
-    if under_torchrun():
-        return int(os.environ["WORLD_SIZE"])
-    placement = discover(os.environ)
-    if isinstance(placement, Worker):
-        return placement.world_size
-    if isinstance(placement, Node):
-        return nproc_for_node(cfg, strategy_cls, placement) * placement.max_nodes
-    return nproc_for_node(cfg, strategy_cls, None)
 
 
 def agree_run_dir(candidate: str) -> str:
@@ -141,9 +119,8 @@ def choose_auto_layout(cfg: DictConfig) -> None:
     from framework.plan.auto import choose_layout
     from framework.plan.check import planned_device
     from framework.plan.hardware import measured_cpu
-    from framework.strategies.ddp import DDPStrategy
     device = planned_device(cfg) or measured_cpu()
-    world = world_size_for(cfg, DDPStrategy)
+    world = world_size_for(cfg, None)
     per_node = cfg.planner.gpus_per_node or (world if device.name == "cpu" else 8)
     text, _ = choose_layout(cfg, world, device, per_node)
     if is_rank_zero():

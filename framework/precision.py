@@ -13,7 +13,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework import devices
 
 #: precision.name -> the compute dtype it means (precision.param_dtype must agree)

@@ -4,7 +4,7 @@ from omegaconf import OmegaConf
 
 from framework import launch
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from tests.helpers import FAST, check_ok, losses, run_framework
 
 _references: dict[tuple, list[float]] = {}

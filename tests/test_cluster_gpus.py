@@ -7,7 +7,7 @@ import torch
 
 from framework import devices, launch
 from framework.cluster.env import discover, stable_job_dir, tasks_per_node
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 CUDA = types.SimpleNamespace(device="cuda")
 LAUNCHER_VARS = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR",

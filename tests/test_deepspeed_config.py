@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.explicit import explicit_keys
 from framework.config.validate import validate
 from framework.strategies import deepspeed_config as dsc

@@ -51,12 +51,12 @@ def test_a_gpu_no_table_knows_is_still_a_gpu_and_each_guess_is_named(monkeypatch
 
 def test_the_plan_refuses_a_job_too_big_for_a_detected_unknown_gpu(monkeypatch):
     """Was: an H100 NVL was not detected, so the fit check was skipped without a word."""
-    from framework.config.errors import ConfigError
+    from framework.errors import ConfigError
     from framework.plan.check import refuse_if_it_cannot_fit
     from hydra import compose, initialize_config_dir
 
     from framework.config.paths import CONFIG_DIR
-    from framework.config.store import register_configs
+    from framework.config_store import register_configs
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=["model=llama_125m", "data.seq_len=1024", "trainer.global_batch_size=8",

@@ -9,7 +9,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.determinism import ENVIRONMENT, validate
 from framework.strategies.registry import strategy_class
 

@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 import torch
 
+from framework import world
 from framework import devices, launch, precision
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies import base
 from framework.strategies.registry import strategy_class
@@ -119,7 +120,7 @@ def test_device_cpu_ignores_the_gpus(composer, gpus):
 def test_spawned_worker_count_defaults_to_the_gpu_count(composer, gpus, args, expected):
     gpus(4)
     cfg = composer(*args)
-    assert launch.world_size_for(cfg, strategy_class(cfg.parallel.name)) == expected
+    assert world.world_size_for(cfg, strategy_class(cfg.parallel.name)) == expected
 
 
 def test_refusal_exits_2_with_one_line_before_any_work(tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate_initial_load
 from framework.models.llama import Llama, hf_adapter
 from framework.models.llama.model import llama3_frequencies

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from framework import launch
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from framework.metrics.profile import StepProfiler
 from framework.trainer import Trainer
 from tests.helpers import FAST, read_metrics

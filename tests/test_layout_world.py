@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+from framework import world
 from framework import launch
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
 from tests.test_cluster_gpus import eight_gpus  # noqa: F401  (the fixture clears launcher variables)
@@ -11,7 +12,7 @@ from tests.test_cluster_gpus import eight_gpus  # noqa: F401  (the fixture clear
 
 def _validate(cfg):
     cls = strategy_class(cfg.parallel.name)
-    validate(cfg, launch.world_size_for(cfg, cls), cls, explicit=set())
+    validate(cfg, world.world_size_for(cfg, cls), cls, explicit=set())
 
 
 def test_3d_on_a_one_gpu_machine(compose_config, eight_gpus):  # noqa: F811

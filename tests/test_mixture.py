@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from framework import world
 from framework.data.batches import GlobalBatchSampler
 from framework.data.mixture import BLOCK, MixtureSampler, block_counts
 from framework.data.prepare import prepare
@@ -125,11 +126,11 @@ def test_mixture_sources_are_typed(compose_config):
 ])
 def test_bad_data_options_are_refused_before_launch(compose_config, tmp_path, overrides, expected):
     from framework import launch
-    from framework.config.errors import ConfigError
+    from framework.errors import ConfigError
     from framework.config.validate import validate
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=tiny", "data.seq_len=32", *[o.replace("DIR", str(tmp_path)) for o in overrides]])
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError) as error:
-        validate(cfg, launch.world_size_for(cfg, cls), cls)
+        validate(cfg, world.world_size_for(cfg, cls), cls)
     assert str(error.value).startswith(expected)

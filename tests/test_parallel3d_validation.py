@@ -2,8 +2,9 @@
 no worker started. The real entrypoint for the first cases; the rest through the same validate() in-process."""
 import pytest
 
+from framework import world
 from framework import launch
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.parallel.mesh import ParallelDims
 from framework.strategies.registry import strategy_class
@@ -62,7 +63,7 @@ def composer(compose_config):
 
 def _validate(cfg):
     cls = strategy_class("3d")
-    validate(cfg, launch.world_size_for(cfg, cls), cls)
+    validate(cfg, world.world_size_for(cfg, cls), cls)
 
 
 @pytest.mark.parametrize("case", IN_PROCESS_CASES)
@@ -77,7 +78,7 @@ def test_invalid_layout_rejected_by_validate(composer, case):
 def test_defaults_are_valid_and_spawn_eight_workers(composer):
     cfg = composer("trainer.global_batch_size=16", "trainer.micro_batch_size=16", "data.seq_len=128", "model=small")
     cls = strategy_class("3d")
-    assert launch.world_size_for(cfg, cls) == 8
+    assert world.world_size_for(cfg, cls) == 8
     _validate(cfg)
     # the GPU-node form: tp 8 x pp 4 under a 32-process torchrun leaves dp_shard = 1
     gpu = composer("parallel.tp=8", "parallel.pp=4", "model.n_heads=8", "model.n_kv_heads=8", "model.dim=256",
@@ -91,10 +92,10 @@ class Degrees:
         self.__dict__.update(dict(dp_replicate=1, dp_shard=1, tp=1, pp=1) | kw)
 
 
-def test_rest_of_world_and_default_world_size():
+def test_rest_of_world_and_rest_world_size():
     dims = ParallelDims.from_config(Degrees(tp=8, pp=4, dp_shard=-1), 64)
     assert (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp) == (4, 1, 2, 8)
-    assert ParallelDims.default_world_size(Degrees(tp=2, pp=2, dp_shard=2)) == 8
+    assert ParallelDims.degrees_product(Degrees(tp=2, pp=2, dp_shard=2)) == 8
     with pytest.raises(ConfigError, match="= 16 processes, but the world size is 8"):
         ParallelDims.from_config(Degrees(tp=2, pp=2, dp_shard=2, dp_replicate=2), 8)
 

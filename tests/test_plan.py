@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from framework.config.validate import validate
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations

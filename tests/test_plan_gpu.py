@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from framework import launch, precision
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from framework.config.validate import validate
 from framework.plan.__main__ import plan_for
 from framework.strategies.registry import strategy_class

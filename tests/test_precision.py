@@ -6,7 +6,7 @@ import torch
 from omegaconf import OmegaConf
 
 import framework.precision as precision
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.schema import PrecisionConfig
 from framework.models.llama import Llama, init_weights
 from tests.helpers import max_rel_diff, read_metrics, run_framework, train

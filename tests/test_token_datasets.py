@@ -4,6 +4,7 @@ boundaries is exact, and ddp x2 gives the single-process losses."""
 import numpy as np
 import pytest
 
+from framework import world
 from framework.data.batches import build_samplers
 from framework.data.token_dataset import read_manifest
 from tests.fixtures.corpora import write_pydoc_jsonl
@@ -98,7 +99,7 @@ def _data_cfg(dataset):
 def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
     """Without the launcher filling data.vocab_size from the manifest, a smaller one is caught from it."""
     from framework import launch
-    from framework.config.errors import ConfigError
+    from framework.errors import ConfigError
     from framework.config.validate import validate
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=tiny", "data=tokens", f"data.path={dataset}", "data.seq_len=32",
@@ -106,4 +107,4 @@ def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
     cls = strategy_class("single")
     with pytest.raises(ConfigError, match=f"data.vocab_size: {dataset} was tokenized with a vocabulary of 512, "
                                           f"but data.vocab_size is 300"):
-        validate(cfg, launch.world_size_for(cfg, cls), cls)
+        validate(cfg, world.world_size_for(cfg, cls), cls)

@@ -9,8 +9,9 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from framework import world
 from framework import launch
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.strategies.registry import strategy_class
 from tests.helpers import run_framework
@@ -81,7 +82,7 @@ def composer(compose_config):
 
 def _validate(cfg):
     cls = strategy_class(cfg.parallel.name)
-    validate(cfg, launch.world_size_for(cfg, cls), cls)
+    validate(cfg, world.world_size_for(cfg, cls), cls)
 
 
 @pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])

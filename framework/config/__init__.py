@@ -1,3 +1,1 @@
-from framework.config.errors import ConfigError
-
-__all__ = ["ConfigError"]
+"""Configuration: schemas, the order in which rules run, and what the command line set."""

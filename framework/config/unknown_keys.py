@@ -7,7 +7,7 @@ import difflib
 
 from omegaconf import DictConfig, OmegaConf
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 
 def _free_form(schema, node: DictConfig) -> bool:

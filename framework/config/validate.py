@@ -17,7 +17,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
                                          completed_checkpoint, resolve_resume)
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.data import token_dataset
 from framework.data.tokenizer import TOKENIZER_FILE
 

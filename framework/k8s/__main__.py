@@ -16,9 +16,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from framework.config.validate import validate
 from framework.k8s.manifests import KINDS, JobSpec, config_map, rfc1035
 from framework.strategies.registry import strategy_class
@@ -65,7 +65,7 @@ def manifests_for(args: argparse.Namespace, overrides: list[str], name: str, com
     if args.nodes <= 0:
         raise ConfigError("--nodes", f"must be positive, got {args.nodes}")
     cls = strategy_class(cfg.parallel.name)
-    procs = args.gpus_per_node or cfg.launcher.nproc_per_node or max(1, cls.default_world_size(cfg) // args.nodes)
+    procs = args.gpus_per_node or cfg.launcher.nproc_per_node or max(1, cls.workers_wanted(cfg) // args.nodes)
     validate(cfg, args.nodes * procs, cls)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_THROUGH)}
     spec = JobSpec(name, args.image, args.nodes, procs, args.gpus_per_node, rfc1035(args.volume_claim, 253),

@@ -10,7 +10,7 @@ from typing import Callable
 
 from torch import nn
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models.spec import ModelSpec, model_dict
 
 

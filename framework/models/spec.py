@@ -21,7 +21,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 #: family name -> "module:attribute" of its spec; imported only when a model of the family is used
 SPECS: dict[str, str] = {

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models.spec import ModelSpec, spec_for
 from framework.parallel.blocks import find_blocks
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
@@ -53,7 +53,7 @@ class ParallelDims:
         return cls(**degrees)
 
     @classmethod
-    def default_world_size(cls, parallel) -> int:
+    def degrees_product(cls, parallel) -> int:
         """The world the degrees ask for when nobody says otherwise (-1 counts as 1)."""
         return math.prod(max(1, getattr(parallel, dim)) for dim in DIMS)
 

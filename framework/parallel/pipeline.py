@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

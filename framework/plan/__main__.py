@@ -12,9 +12,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework import exit_codes
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.paths import CONFIG_DIR
-from framework.config.store import register_configs
+from framework.config_store import register_configs
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests
 from framework.plan.check import planned_device, planned_world
@@ -22,11 +22,11 @@ from framework.plan.hardware import measured_cpu
 from framework.plan.planner import Plan, make_plan
 from framework.plan.report import table
 from framework.strategies.registry import strategy_class
+from framework.world import world_size_for
 
 
 def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
     """The plan of the job (with parallel=auto: of the layout it picks, and the ranking as text)."""
-    from framework.launch import world_size_for
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=overrides)
@@ -35,8 +35,7 @@ def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
     auto = None
     if cfg.parallel.name == "auto":
         from framework.plan.auto import choose_layout
-        from framework.strategies.ddp import DDPStrategy
-        world, per_node = planned_world(cfg, world_size_for(cfg, DDPStrategy), device)
+        world, per_node = planned_world(cfg, world_size_for(cfg, None), device)
         auto, _ = choose_layout(cfg, world, device, per_node)
     strategy_cls = strategy_class(cfg.parallel.name)
     apply_dataset_manifests(cfg, model_vocab_given=any(o.startswith("model.vocab_size=") for o in overrides))

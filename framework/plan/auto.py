@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.plan.hardware import Device
 from framework.plan.planner import Plan, make_plan

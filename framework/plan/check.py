@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.plan.hardware import Device, detected_device, device_named
 from framework.plan.planner import Plan, make_plan
 

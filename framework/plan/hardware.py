@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.metrics.mfu import GPU_PEAK_FLOPS
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from framework.parallel.mesh import ParallelDims
+from framework.strategies.registry import strategy_class
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ def layout_of(cfg, world_size: int) -> Layout:
     share = t.global_batch_size // dp
     virtual = p.get("pp_virtual_stages", 1) if pp > 1 else 1
     if pp > 1:
-        from framework.strategies.parallel3d import Parallel3DStrategy
-        microbatches = Parallel3DStrategy.pipeline_microbatches(cfg, dims)
+        microbatches = strategy_class(name).pipeline_microbatches(cfg, dims)
         micro = share // microbatches
     else:
         micro = min(t.micro_batch_size, share)

@@ -1,6 +1,6 @@
 """The Strategy interface: everything the trainer needs that depends on how the job is parallelised.
 
-The trainer calls only these methods. Class-level hooks (`default_world_size`, `validate`)
+The trainer calls only these methods. Class-level hooks (`workers_wanted`, `validate`)
 run in the launching process before any worker or process group exists.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
@@ -48,7 +48,7 @@ class Strategy:
     default_workers = 1
 
     @classmethod
-    def default_world_size(cls, cfg) -> int:
+    def workers_wanted(cls, cfg) -> int:
         return cls.default_workers
 
     @classmethod

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
+from framework.world import OPEN_CPU_WORKERS
 from framework.strategies.base import TorchStrategy
 
 # torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are
@@ -30,7 +31,7 @@ class DDPOptions(ParallelConfig):
 class DDPStrategy(TorchStrategy):
     name = "ddp"
     options = DDPOptions
-    default_workers = 2
+    default_workers = OPEN_CPU_WORKERS
     zero_support = {0: None, 1: None,
                     2: "gradient sharding is done by parallel=fsdp or parallel=deepspeed",
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}

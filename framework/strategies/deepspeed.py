@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
@@ -21,6 +21,7 @@ from framework.parallel.activation_checkpointing import MODES as AC_MODES, check
 from framework.strategies import deepspeed_config as dsc
 from framework.strategies.deepspeed_ops import skip_inference_comm_op
 from framework.strategies.deepspeed_options import DeepSpeedOptions
+from framework.world import OPEN_CPU_WORKERS
 from framework.strategies.base import Strategy
 from framework.precision import compute_dtype
 
@@ -41,7 +42,7 @@ class DeepSpeedStrategy(Strategy):
     deterministic_refusal = ("runs DeepSpeed's own kernels, which torch's deterministic switch does not cover; "
                              "use parallel=fsdp (zero=stage1-3 shard the same way) or trainer.deterministic=false")
     options = DeepSpeedOptions
-    default_workers = 2
+    default_workers = OPEN_CPU_WORKERS
     zero_support = {0: None, 1: None, 2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
     activation_checkpointing = AC_MODES

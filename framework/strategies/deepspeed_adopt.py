@@ -13,7 +13,7 @@ import json
 
 from omegaconf import OmegaConf
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.explicit import is_explicit
 from framework.config.paths import CONFIG_DIR
 from framework.strategies import deepspeed_config as dsc

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.strategies.deepspeed_ops import choose_adam_kernel
 from framework.strategies.deepspeed_options import DeepSpeedOptions
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.mesh import ParallelDims
 from framework.strategies.base import TorchStrategy
@@ -40,7 +40,7 @@ class FSDPStrategy(TorchStrategy):
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
 
     @classmethod
-    def default_world_size(cls, cfg) -> int:
+    def workers_wanted(cls, cfg) -> int:
         rep, shard = cfg.parallel.dp_replicate, cfg.parallel.dp_shard
         known = max(rep, 1) * max(shard, 1)
         return max(2, known) if -1 in (rep, shard) else known

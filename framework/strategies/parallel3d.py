@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.models.spec import spec_for
 from framework.parallel.mesh import ParallelDims
@@ -43,7 +43,7 @@ class Parallel3DOptions(FSDPOptions):
     tp: int = 2
     pp: int = 2
     #: processes to spawn when a degree is -1 and neither torchrun nor launcher.nproc_per_node sets the world
-    default_world_size: int = 8
+    rest_world_size: int = 8
 
 
 class Parallel3DStrategy(TorchStrategy):
@@ -68,11 +68,11 @@ class Parallel3DStrategy(TorchStrategy):
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
-    def default_world_size(cls, cfg) -> int:
+    def workers_wanted(cls, cfg) -> int:
         p = cfg.parallel
         if -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp):
-            return p.default_world_size
-        return ParallelDims.default_world_size(p)
+            return p.rest_world_size
+        return ParallelDims.degrees_product(p)
 
     @classmethod
     def check_world(cls, cfg, world_size: int) -> None:
@@ -109,8 +109,8 @@ class Parallel3DStrategy(TorchStrategy):
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
                                       "and parameters, parallel=fsdp offloads parameters")
-        if p.default_world_size <= 0:
-            raise ConfigError("parallel.default_world_size", f"must be positive, got {p.default_world_size}")
+        if p.rest_world_size <= 0:
+            raise ConfigError("parallel.rest_world_size", f"must be positive, got {p.rest_world_size}")
         dims = ParallelDims.from_config(p, world_size)
         spec = spec_for(model)
         spec.validate_layout(cfg, dims.tp, dims.pp)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 STRATEGIES: dict[str, str] = {
     "single": "framework.strategies.single:SingleDeviceStrategy",

@@ -15,6 +15,6 @@ class SingleDeviceStrategy(TorchStrategy):
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         if world_size != 1:
-            from framework.config.errors import ConfigError
+            from framework.errors import ConfigError
             raise ConfigError("launcher.nproc_per_node",
                               f"parallel=single runs one process, not {world_size}; use parallel=ddp for several")

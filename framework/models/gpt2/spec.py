@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models.gpt2 import hf_adapter
 from framework.models.gpt2.model import GPT2, TIED, Block, GPT2Args, init_parameter
 from framework.models.native_spec import NativeDecoderSpec

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 
 def require_transformers():

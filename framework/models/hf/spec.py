@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models import hf_files
 from framework.models.hf.model import HFCausalLM, hf_config_of, parameters_on_meta, require_transformers
 from framework.models.spec import ModelSpec, model_dict

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 from framework.models.llama import hf_adapter
 from framework.models.llama.model import (ROPE_SCALING_KEYS, ROPE_TYPES, Llama, LlamaArgs, TransformerBlock,
                                           init_parameter, rope_scaling_dict)

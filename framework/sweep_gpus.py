@@ -13,7 +13,7 @@ import fcntl
 import os
 from typing import Optional
 
-from framework.config.errors import ConfigError
+from framework.errors import ConfigError
 
 _held: Optional[tuple[str, object, str]] = None   # this process's (sweep dir, open slot lock file, GPU slice)
 
