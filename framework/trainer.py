@@ -29,11 +29,6 @@ from framework.preemption import Preempted, PreemptionWatch
 from framework.watchdog import StallWatchdog
 
 
-def build_model(cfg) -> torch.nn.Module:
-    """Same seed -> same initial weights, whatever the layout (see ModelFactory)."""
-    return ModelFactory(cfg)()
-
-
 class Trainer:
     def __init__(self, cfg, strategy, run_dir: str):
         self.cfg = cfg

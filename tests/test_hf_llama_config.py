@@ -8,9 +8,9 @@ import torch
 
 from framework.errors import ConfigError
 from framework.config.validate import validate_initial_load
-from framework.models.llama import Llama, hf_adapter
+from framework.models.llama import hf_adapter
 from framework.models.llama.model import llama3_frequencies
-from framework.models.spec import model_kwargs, spec_for
+from framework.models.spec import spec_for
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,7 +43,7 @@ def checkpoints(tmp_path_factory):
 def _imported(compose_config, path, *overrides, explicit=()):
     cfg = compose_config(["model=tiny", f"checkpoint.initial_load={path}", *overrides])
     validate_initial_load(cfg, str(path), set(explicit))
-    model = Llama(**model_kwargs(cfg.model)).eval()
+    model = spec_for(cfg.model).build(cfg.model).eval()
     hf_adapter.load_into(model, str(path))
     return cfg, model
 
@@ -128,4 +128,4 @@ def test_model_rope_scaling_from_the_command_line(compose_config):
     cfg = compose_config(["model=tiny", "model.rope_scaling={rope_type:llama3,factor:8,low_freq_factor:1,"
                                         "high_freq_factor:4,original_max_position_embeddings:32}"])
     spec_for(cfg.model).validate(cfg)
-    assert Llama(**model_kwargs(cfg.model)).args.rope_scaling["factor"] == 8
+    assert spec_for(cfg.model).build(cfg.model).args.rope_scaling["factor"] == 8

@@ -38,10 +38,6 @@ def model_dict(model_cfg) -> dict:
     return dict(model_cfg)
 
 
-def model_kwargs(model_cfg) -> dict:
-    return {k: v for k, v in model_dict(model_cfg).items() if k != "_target_"}
-
-
 class ModelSpec:
     """The defaults are those of a model the framework knows nothing about; families override them."""
     name = "generic"

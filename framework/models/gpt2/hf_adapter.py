@@ -23,11 +23,6 @@ _TOP = {"wte.weight": "transformer.wte.weight", "wpe.weight": "transformer.wpe.w
 _ALIASES = {alias: canonical for canonical, alias in TIED}
 
 
-def gpt2_args(model_cfg) -> GPT2Args:
-    fields = GPT2Args.__dataclass_fields__
-    return GPT2Args(**{k: v for k, v in dict(model_cfg).items() if k in fields})
-
-
 def expected_shapes(args: GPT2Args) -> dict[str, tuple[int, ...]]:
     """Our parameter name -> full shape (the tied head left out)."""
     d, h = args.dim, args.hidden_dim

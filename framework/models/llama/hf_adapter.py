@@ -11,7 +11,7 @@ import re
 
 import torch
 
-from framework.models.hf_files import LayoutError, SafetensorsDir, read_config
+from framework.models.hf_files import LayoutError, SafetensorsDir
 from framework.models.llama.model import ROPE_SCALING_KEYS, ROPE_TYPES, LlamaArgs, rope_scaling_dict
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
@@ -28,13 +28,6 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
               "output.weight": "lm_head.weight"}
-
-
-def llama_args(model_cfg) -> LlamaArgs:
-    """LlamaArgs from a model config section (a dict or DictConfig with _target_; keys of a subclass's
-    own, such as a test model's fault switches, are not shapes and are left out)."""
-    fields = LlamaArgs.__dataclass_fields__
-    return LlamaArgs(**{k: v for k, v in dict(model_cfg).items() if k in fields})
 
 
 def hf_name(name: str, args: LlamaArgs) -> str:
@@ -168,9 +161,6 @@ SHAPE_KEYS = {
     "vocab_size": ("vocab_size", lambda a: a.vocab_size),
     "tie_word_embeddings": ("tie_embeddings", lambda a: a.tie_embeddings),
 }
-
-
-read_hf_config = read_config
 
 
 def config_mismatches(hf: dict, args: LlamaArgs) -> list[tuple[str, str, object, object]]:
