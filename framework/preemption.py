@@ -77,8 +77,12 @@ class PreemptionWatch:
             self._vote = None
 
     def close(self) -> None:
+        """Restores the previous handlers; once a signal came, a default action becomes SIG_IGN: a repeat
+        (SLURM signals every process, and the launcher passes it on too) must not kill a rank that is
+        finishing its exit after the save."""
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            keep_out = self.received is not None and handler in (signal.SIG_DFL, None)
+            signal.signal(number, signal.SIG_IGN if keep_out else handler)
         self._previous = {}
 
 

@@ -113,6 +113,8 @@ def test_resume_auto_continues_the_uninterrupted_curve(preempted_and_resumed):
     assert max_rel_diff(losses(reference), losses(run_dir)) <= 1e-6
 
 
+LAYOUTS = {"ddp": ["parallel=ddp"], "fsdp": ["parallel=fsdp", "zero=stage3"],
+           "deepspeed": ["parallel=deepspeed", "zero=stage2"]}
 CASES = [("ddp", "launcher"), ("ddp", "workers"), ("ddp", "repeated"),
          ("fsdp", "group"), ("fsdp", "workers"), ("deepspeed", "group"), ("deepspeed", "repeated")]
 
@@ -120,9 +122,9 @@ CASES = [("ddp", "launcher"), ("ddp", "workers"), ("ddp", "repeated"),
 @pytest.mark.parametrize("strategy,pattern", CASES, ids=[f"{s}-{p}" for s, p in CASES])
 def test_every_delivery_saves_one_checkpoint_of_the_last_step(tmp_path, strategy, pattern):
     """(ddp, group) is the module fixture's job, which also resumes."""
-    sig = signal.SIGUSR1 if pattern == "workers" else signal.SIGTERM
+    sig = {"launcher": signal.SIGUSR2, "workers": signal.SIGUSR1}.get(pattern, signal.SIGTERM)
     run_dir = tmp_path / "run"
-    stopped = run_and_signal(run_dir, sig, after_steps=3, extra=[f"parallel={strategy}"], pattern=pattern)
+    stopped = run_and_signal(run_dir, sig, after_steps=3, extra=LAYOUTS[strategy], pattern=pattern)
     logged = _logged_steps(run_dir)
     assert stopped.returncode == exit_codes.REQUEUE, stopped.stderr[-4000:]
     assert 3 <= logged < STEPS, "the signal came after the run ended: the test proves nothing"
