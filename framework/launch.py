@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 import uuid
-from contextlib import contextmanager
 from datetime import timedelta
 
 from omegaconf import DictConfig, OmegaConf
@@ -22,14 +21,14 @@ from omegaconf import DictConfig, OmegaConf
 from framework import exit_codes
 from framework.cluster import sweep_gpus
 from framework.cluster.env import Node, Worker, discover, stable_job_dir
-from framework.checkpoint.manager import (CheckpointError, checkpoint_dir, complete_checkpoints,
+from framework.checkpoint.manager import (META, CheckpointError, checkpoint_dir, complete_checkpoints,
                                           completed_checkpoint, read_meta)
 from framework.config.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.devices import default_world_size
 from framework.metrics.logger import final_value
-from framework.preemption import signal_number
+from framework.preemption import ignoring, stopping_once_on
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -185,47 +184,11 @@ def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()
         forkserver.ensure_running()
 
 
-@contextmanager
-def ignoring(signal_names):
-    """SIG_IGN for these signals meanwhile: a process started now inherits it across exec."""
-    previous = {n: signal.signal(n, signal.SIG_IGN) for n in map(signal_number, signal_names) if n is not None}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-
-
-@contextmanager
-def stopping_once_on(signal_names):
-    """The launcher's handler of the preemption signals: the first one raises torch's SignalException,
-    on which the elastic agent passes it on to the workers and waits for them to save and exit; repeats
-    are ignored (torch's own handler raised again inside that wait, and the launcher left its workers
-    mid-save). Yields a dict that holds the time of the first signal under "at"."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    numbers = [n for n in map(signal_number, signal_names) if n is not None]
-    first = {}
-
-    def stop(signum, frame):
-        for number in numbers:
-            signal.signal(number, signal.SIG_IGN)
-        first["at"] = time.time()
-        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
-
-    previous = {n: signal.signal(n, stop) for n in numbers}
-    try:
-        yield first
-    finally:
-        if "at" not in first:       # after a signal they stay ignored: the launcher is on its way out
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-
-
 def checkpoint_of_last_step(cfg: DictConfig, run_dir: str, since: float) -> str | None:
     """The newest complete checkpoint if it was completed after `since` and is of the last step the job
     logged: what the workers saved on a preemption signal, and what a requeued job resumes from."""
     found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
-    if not found or os.path.getmtime(os.path.join(found[-1], "meta.json")) < since:
+    if not found or os.path.getmtime(os.path.join(found[-1], META)) < since:
         return None
     try:
         step = int(read_meta(found[-1])["step"])
