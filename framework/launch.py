@@ -185,8 +185,10 @@ def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()
 
 
 def checkpoint_of_last_step(cfg: DictConfig, run_dir: str, since: float) -> str | None:
-    """The newest complete checkpoint if it was completed after `since` and is of the last step the job
-    logged: what the workers saved on a preemption signal, and what a requeued job resumes from."""
+    """The newest complete checkpoint if it was completed after `since` (this launch: not one an earlier
+    attempt left) and is of the last step the job logged: what the workers saved on a preemption signal,
+    and what a requeued job resumes from. (Not the time of the launcher's signal: on a busy host the
+    workers, signalled directly, can save before the launcher's handler runs.)"""
     found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
     if not found or os.path.getmtime(os.path.join(found[-1], META)) < since:
         return None
@@ -248,14 +250,14 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         multiprocessing.set_start_method("spawn", force=True)
     started = time.time()
     try:
-        with stopping_once_on(preempt) as first_signal:
+        with stopping_once_on(preempt):
             # The resolved config travels with the call: other nodes may not see rank 0's run dir yet.
             elastic_launch(config, worker_entry)(os.path.abspath(run_dir), OmegaConf.to_yaml(cfg, resolve=True),
                                                  os.getpid())
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         if name in preempt:
-            stopped_by_preemption(cfg, run_dir, name, first_signal.get("at", started))
+            stopped_by_preemption(cfg, run_dir, name, started)
         print(f"error: stopped by {name}; workers stopped", file=sys.stderr)
         sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from contextlib import contextmanager
 
 import torch
@@ -116,21 +115,21 @@ def stopping_once_on(signal_names):
     """The launcher's handler of the preemption signals: the first one raises torch's SignalException,
     on which the elastic agent passes it on to the workers and waits for them to save and exit; repeats
     are ignored (torch's own handler raised again inside that wait, and the launcher left its workers
-    mid-save). Yields a dict that holds the time of the first signal under "at"."""
+    mid-save)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     numbers = [n for n in map(signal_number, signal_names) if n is not None]
-    first = {}
+    came = []
 
     def stop(signum, frame):
         for number in numbers:
             signal.signal(number, signal.SIG_IGN)
-        first["at"] = time.time()
+        came.append(signum)
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
     previous = {n: signal.signal(n, stop) for n in numbers}
     try:
-        yield first
+        yield
     finally:
-        if "at" not in first:       # after a signal they stay ignored: the launcher is on its way out
+        if not came:    # after a signal they stay ignored: the launcher is on its way out
             for number, handler in previous.items():
                 signal.signal(number, handler)
