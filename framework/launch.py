@@ -6,12 +6,14 @@ compose the config again: they get the resolved config the parent validated (and
 """
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
 import shutil
 import signal
 import sys
+import time
 import uuid
 from datetime import timedelta
 
@@ -20,12 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 from framework import exit_codes
 from framework import sweep_gpus
 from framework.cluster.env import Node, Worker, discover, stable_job_dir
-from framework.checkpoint.manager import completed_checkpoint
+from framework.checkpoint.manager import (META, CheckpointError, checkpoint_dir, complete_checkpoints,
+                                          completed_checkpoint, read_meta)
 from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.world import nproc_for_node, under_torchrun, world_size_for
 from framework.metrics.logger import final_value
+from framework.preemption import ignoring, stopping_once_on
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -93,7 +97,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
     placement = discover(os.environ)
     spawns = not (under_torchrun() or isinstance(placement, Worker) or world_size == 1)
     if spawns:
-        start_fork_server(strategy_cls.worker_preload(cfg))
+        start_fork_server(strategy_cls.worker_preload(cfg), cfg.launcher.preempt_signals)
     if (finished := completed_checkpoint(cfg, run_dir)) is not None:
         if is_rank_zero():
             print(f"already complete: {finished} is at trainer.max_steps={cfg.trainer.max_steps}; nothing to do")
@@ -143,27 +147,73 @@ def check_the_plan(cfg: DictConfig, world_size: int) -> None:
                   file=sys.stderr)
 
 
-def start_fork_server(strategy_modules: tuple[str, ...] = ()) -> None:
+def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
     """Workers fork from one server process that imported torch, the trainer and what the strategy's
     workers use once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on
     2 cores started ~20 s later). Started as soon as the job is known to spawn workers, its imports
-    overlap the launcher's own. A server already running (an earlier job of a sweep) is kept."""
+    overlap the launcher's own. A server already running (an earlier job of a sweep) is kept.
+
+    The server (and multiprocessing's resource tracker, started with it) ignores the preemption signals:
+    SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
+    workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
     multiprocessing.set_forkserver_preload(["framework.worker", *strategy_modules])
-    forkserver.ensure_running()
+    with ignoring(preempt_signals):
+        forkserver.ensure_running()
 
 
-def stop_grace(cfg: DictConfig) -> dict:
-    """LaunchConfig's grace between passing a signal on and SIGKILLing the workers. torch added the
-    setting (shutdown_timeout) in 2.11's time; a torch without it keeps a fixed 30 s, said once here."""
+def checkpoint_of_last_step(cfg: DictConfig, run_dir: str, since: float) -> str | None:
+    """The newest complete checkpoint if it was completed after `since` (this launch: not one an earlier
+    attempt left) and is of the last step the job logged: what the workers saved on a preemption signal,
+    and what a requeued job resumes from. (Not the time of the launcher's signal: on a busy host the
+    workers, signalled directly, can save before the launcher's handler runs.)"""
+    found = complete_checkpoints(checkpoint_dir(cfg, run_dir))
+    if not found or os.path.getmtime(os.path.join(found[-1], META)) < since:
+        return None
+    try:
+        step = int(read_meta(found[-1])["step"])
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            lines = [line for line in f if line.strip()]
+        last_logged = json.loads(lines[-1])["step"] if lines else 0
+    except (CheckpointError, KeyError, ValueError, OSError):
+        return None
+    return found[-1] if step >= last_logged else None
+
+
+def stopped_by_preemption(cfg: DictConfig, run_dir: str, name: str, since: float) -> None:
+    """Exit REQUEUE where the workers saved a checkpoint of their last step, else say what happened."""
+    if (saved := checkpoint_of_last_step(cfg, run_dir, since)) is not None:
+        print(f"stopped by {name} after a checkpoint ({saved}); exit {exit_codes.REQUEUE} asks to be requeued "
+              f"(checkpoint.resume=auto continues)", file=sys.stderr)
+        sys.exit(exit_codes.REQUEUE)
+    why = ("checkpoint.enabled=false" if not cfg.checkpoint.enabled
+           else "the workers stopped before their save completed; see their output above")
+    print(f"error: stopped by {name} without a checkpoint of the last step ({why})", file=sys.stderr)
+    sys.exit(1)
+
+
+def agent_options(cfg: DictConfig) -> dict:
+    """LaunchConfig settings that differ between torch releases, in one place: the signals torch's agent
+    handles itself (all but the preemption signals, which are ours: stopping_once_on), and its grace
+    between passing a signal on and SIGKILLing the workers (launcher.stop_grace_s; torch's default is 30 s).
+    An older agent reads the signals from TORCHELASTIC_SIGNALS_TO_HANDLE and has no grace setting."""
     from dataclasses import fields
 
     from torch.distributed.launcher.api import LaunchConfig
-    if "shutdown_timeout" in {f.name for f in fields(LaunchConfig)}:
-        return {"shutdown_timeout": int(math.ceil(cfg.launcher.stop_grace_s))}
-    print(f"warning: launcher.stop_grace_s={cfg.launcher.stop_grace_s} needs a torch whose elastic launcher has "
-          f"shutdown_timeout; this one SIGKILLs workers 30 s after passing a signal on", file=sys.stderr)
-    return {}
+    known = {f.name for f in fields(LaunchConfig)}
+    agent_signals = ",".join(s for s in ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+                             if s not in cfg.launcher.preempt_signals)
+    options = {}
+    if "signals_to_handle" in known:
+        options["signals_to_handle"] = agent_signals
+    else:
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = agent_signals
+    if "shutdown_timeout" in known:
+        options["shutdown_timeout"] = int(math.ceil(cfg.launcher.stop_grace_s))
+    else:
+        print(f"warning: launcher.stop_grace_s={cfg.launcher.stop_grace_s} needs a torch whose elastic launcher "
+              f"has shutdown_timeout; this one SIGKILLs workers 30 s after passing a signal on", file=sys.stderr)
+    return options
 
 
 def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None = None) -> None:
@@ -187,37 +237,35 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         # the old rank-0 node never publishes the new round's master address, and both sides wait on the
         # store until they time out. Each round then gets its own store.
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The agent passes the signals it handles on to the workers and stops them; the preemption signals
+    # are ours (stopping_once_on), passed on the same way, and the workers checkpoint and exit REQUEUE.
+    preempt = list(cfg.launcher.preempt_signals)
     config = LaunchConfig(
         nproc_per_node=nproc, **rendezvous,
         max_restarts=cfg.launcher.max_restarts,
         monitor_interval=cfg.launcher.monitor_interval,
         start_method="forkserver",
-        **stop_grace(cfg),
+        **agent_options(cfg),
     )
     if multiprocessing.get_start_method(allow_none=True) not in (None, "spawn", "fork", "forkserver"):
         # a joblib (loky) sweep worker: its children could not set up loky's start method
         multiprocessing.set_start_method("spawn", force=True)
-    # The agent passes the signals it handles on to the workers, which checkpoint and exit REQUEUE.
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(
-        dict.fromkeys(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", *cfg.launcher.preempt_signals]))
+    started = time.time()
     try:
-        # The resolved config travels with the call: other nodes may not see rank 0's run dir yet.
-        elastic_launch(config, worker_entry)(os.path.abspath(run_dir), OmegaConf.to_yaml(cfg, resolve=True),
-                                             os.getpid())
+        with stopping_once_on(preempt):
+            # The resolved config travels with the call: other nodes may not see rank 0's run dir yet.
+            elastic_launch(config, worker_entry)(os.path.abspath(run_dir), OmegaConf.to_yaml(cfg, resolve=True),
+                                                 os.getpid())
     except SignalException as e:
-        # The elastic agent has passed the signal on to the workers and stopped them: with a preemption
-        # signal they saved a checkpoint first, and REQUEUE asks the cluster to run the job again.
         name = signal.Signals(e.sigval).name
-        if name in cfg.launcher.preempt_signals:
-            print(f"stopped by {name} after a checkpoint; exit {exit_codes.REQUEUE} asks to be requeued "
-                  f"(checkpoint.resume=auto continues)", file=sys.stderr)
-            sys.exit(exit_codes.REQUEUE)
+        if name in preempt:
+            stopped_by_preemption(cfg, run_dir, name, started)
         print(f"error: stopped by {name}; workers stopped", file=sys.stderr)
         sys.exit(128 + int(e.sigval))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        if failure.exitcode == exit_codes.REQUEUE:
-            sys.exit(exit_codes.REQUEUE)
+        if failure.exitcode == exit_codes.REQUEUE:     # the signal reached the workers only
+            stopped_by_preemption(cfg, run_dir, "a preemption signal to the workers", started)
         attempts = cfg.launcher.max_restarts + 1
         print(f"error: worker rank {rank} {describe_failure(failure)} "
               f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",

@@ -7,11 +7,17 @@ step even when the signal reached only some of them; the trainer then saves a ch
 worker exits with exit_codes.REQUEUE. The vote is all-reduced in the background and read one step
 later, so that no step waits for the device (on a GPU, reading it at once would stall the host every
 step); every rank reads the same vote after the same step, so they still stop together.
+
+The launcher's side (framework.launch): its fork server ignores these signals (`ignoring`), so a signal to
+the whole process group reaches the workers and not their parent; the launcher passes the first one on to
+the workers and ignores repeats while they save (`stopping_once_on`).
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -77,8 +83,12 @@ class PreemptionWatch:
             self._vote = None
 
     def close(self) -> None:
+        """Restores the previous handlers; once a signal came, a default action becomes SIG_IGN: a repeat
+        (SLURM signals every process, and the launcher passes it on too) must not kill a rank that is
+        finishing its exit after the save."""
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            keep_out = self.received is not None and handler in (signal.SIG_DFL, None)
+            signal.signal(number, signal.SIG_IGN if keep_out else handler)
         self._previous = {}
 
 
@@ -87,3 +97,39 @@ def pass_on(signum: int | None) -> None:
     the signal too: under submitit that is its requeue (rank 0 resubmits the job and exits)."""
     if signum is not None and callable(signal.getsignal(signum)):
         signal.raise_signal(signum)
+
+
+@contextmanager
+def ignoring(signal_names):
+    """SIG_IGN for these signals meanwhile: a process started now inherits it across exec."""
+    previous = {n: signal.signal(n, signal.SIG_IGN) for n in map(signal_number, signal_names) if n is not None}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextmanager
+def stopping_once_on(signal_names):
+    """The launcher's handler of the preemption signals: the first one raises torch's SignalException,
+    on which the elastic agent passes it on to the workers and waits for them to save and exit; repeats
+    are ignored (torch's own handler raised again inside that wait, and the launcher left its workers
+    mid-save)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    numbers = [n for n in map(signal_number, signal_names) if n is not None]
+    came = []
+
+    def stop(signum, frame):
+        for number in numbers:
+            signal.signal(number, signal.SIG_IGN)
+        came.append(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    previous = {n: signal.signal(n, stop) for n in numbers}
+    try:
+        yield
+    finally:
+        if not came:    # after a signal they stay ignored: the launcher is on its way out
+            for number, handler in previous.items():
+                signal.signal(number, handler)

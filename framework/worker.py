@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from framework import determinism, exit_codes
-from framework.preemption import Preempted, pass_on
+from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
+from framework.preemption import Preempted, pass_on, signal_number
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -36,11 +37,14 @@ def run_worker(cfg, run_dir: str) -> None:
         Trainer(cfg, strategy, run_dir).fit()
     except Preempted as e:
         strategy.teardown()
+        saved = os.path.isfile(os.path.join(checkpoint_dir(cfg, run_dir), step_dir_name(e.step), META))
         if strategy.is_main:
             print(f"preempted: {e}; the checkpoint is saved, exit {exit_codes.REQUEUE} asks for a requeue "
-                  f"(run again with checkpoint.resume=auto)", file=sys.stderr)
+                  f"(run again with checkpoint.resume=auto)" if saved else
+                  f"preempted: {e}; no checkpoint saved (checkpoint.enabled=false): nothing to resume from",
+                  file=sys.stderr)
         pass_on(e.signum)
-        sys.exit(exit_codes.REQUEUE)
+        sys.exit(exit_codes.REQUEUE if saved else 1)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
     strategy.teardown()
@@ -74,8 +78,12 @@ def _parent_of(pid: int) -> int | None:
 
 @record
 def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
+    cfg = OmegaConf.create(config_yaml)
+    for number in map(signal_number, cfg.launcher.preempt_signals):
+        if number is not None:    # the fork server ignores them (launch.start_fork_server) and so did we
+            signal.signal(number, signal.SIG_DFL)
     die_with_parent(launcher_pid)
-    run_worker(OmegaConf.create(config_yaml), run_dir)
+    run_worker(cfg, run_dir)
 
 
 def worker_entry(run_dir: str, config_yaml: str, launcher_pid: int) -> None:

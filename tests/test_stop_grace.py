@@ -2,13 +2,13 @@
 and exit after it passes a preemption signal on, before it SIGKILLs them."""
 from torch.distributed.launcher.api import LaunchConfig
 
-from framework.launch import stop_grace
+from framework.launch import agent_options
 from tests.helpers import FAST, run_framework
 
 
 def test_the_elastic_agent_waits_launcher_stop_grace_s_before_sigkill(compose_config):
     cfg = compose_config(["launcher.stop_grace_s=240.5"])
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, **stop_grace(cfg))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, **agent_options(cfg))
     assert config.shutdown_timeout == 241
     assert compose_config([]).launcher.stop_grace_s >= 120     # torch's own 30 s is shorter than a large save
 
