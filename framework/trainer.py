@@ -15,12 +15,11 @@ from framework.elastic import group_continues
 from framework.loss import cross_entropy
 from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
-from framework.metrics.logger import MetricsLogger, truncate_metrics
-from framework.metrics.memory import IntervalPeakMemory
-from framework.metrics.mfu import mfu, peak_flops
+from framework.metrics.logger import truncate_metrics
 from framework.metrics.profile import StepProfiler
 from framework.metrics.samples import TextSampler
-from framework.metrics.summary import run_summary
+from framework.metrics.schedule import plan_step
+from framework.metrics.step_records import StepRecords
 from framework.models.factory import ModelFactory
 from framework.nonfinite import NonFiniteLoss
 from framework.optim.factory import OptimizerFactory
@@ -70,14 +69,7 @@ class Trainer:
         if s.is_main and (resume or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
-        tokens_per_step = t.global_batch_size * cfg.data.seq_len
-        flops_per_token = model_factory.flops_per_token(cfg.data.seq_len)
-        peak = peak_flops(s.device, cfg.logging, cfg.precision)
-        memory = IntervalPeakMemory(s.device)
-        memory.reset()
-        first_step = self.step
-        logger = MetricsLogger(self.run_dir, s.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
-                               initial_step=self.step)
+        records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step)
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
@@ -90,10 +82,7 @@ class Trainer:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
                 step = self.step + 1
-                is_last = step == last_step
-                do_eval = t.eval_every and (step % t.eval_every == 0 or is_last)
-                do_sample = t.sample_every and step % t.sample_every == 0
-                logs = do_eval or do_sample or is_last or step == 1 or step % t.log_every == 0
+                is_last, do_eval, do_sample, logs = plan_step(t, step, last_step)
                 with interval.timed_apart("profile_time"):
                     profiler.before_step(step)
                 start = time.perf_counter()
@@ -115,12 +104,10 @@ class Trainer:
                     if logs:
                         loss, grad_norm = float(loss), float(grad_norm)
                 self.step = step
-                logger.advance()
+                records.advance()
                 if logs:
                     nonfinite.check()
-                    record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
-                              **memory.read(), **s.memory_breakdown(), **s.step_metrics(),
-                              **self.train_data.consumed(step), **compiles.record()}
+                    record = records.start(step, loss, lr, grad_norm, self.train_data.consumed(step), compiles.record())
                     with interval.timed_apart("eval_time"):
                         if do_eval:
                             faults.inject("eval", step)
@@ -132,14 +119,11 @@ class Trainer:
                     nonfinite.check()    # never write a non-finite state
                     with interval.timed_apart("save_time"):
                         checkpoints.save(step)
-                    memory.reset()       # checkpoint staging is not a training step's memory
+                    records.saved()
                 if logs:
                     timing = interval.record()
                     prefetch.observe(timing["data_time"], timing["step_time"])
-                    tokens_per_sec = tokens_per_step / timing["step_time"]
-                    logger.log({**record, **timing, "tokens_per_sec": tokens_per_sec,
-                                "mfu": mfu(flops_per_token, tokens_per_sec, peak, s.world_size)})
-                    memory.reset()
+                    records.write(record, timing)
                 watchdog.beat(step)
                 if is_last:
                     break
@@ -158,7 +142,5 @@ class Trainer:
             profiler.close()
             watchdog.stop()
             preemption.close()
-            logger.close()
-        if s.is_main:
-            print(run_summary(cfg, self.run_dir, time.perf_counter() - started, first_step, self.step, totals),
-                  flush=True)
+            records.close()
+        records.print_summary(time.perf_counter() - started, self.step, totals)

@@ -18,6 +18,15 @@ FAST = [
     "scheduler.warmup_steps=2", "checkpoint.enabled=false",
 ]
 
+# DeepSpeed jobs that several files read, trained once per session by conftest's trained_run (2 workers,
+# the default): parity and per-stage memory (test_deepspeed), resume and manifests (test_checkpoint),
+# export (test_export). Stage 2 also adopts a user's ds_config file; stage 3 partitions every parameter
+# (threshold 0: by default tiny ones stay whole on each rank) and checkpoints activations.
+DEEPSPEED_Z2 = ("parallel=deepspeed", "zero=stage2",
+                f"parallel.ds_config={REPO / 'tests' / 'fixtures' / 'deepspeed' / 'good.json'}")
+DEEPSPEED_Z3 = ("parallel=deepspeed", "zero=stage3", "parallel.stage3_param_persistence_threshold=0",
+                "activation_checkpointing=full")
+
 
 def run_framework(args: list[str], run_dir: Path | None = None, timeout: float = 300,
                   torchrun_nproc: int | None = None, env: dict | None = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, check_ok, losses, max_rel_diff, run_framework
 
 from tests.conftest import CHECKPOINTED as CKPT
 
@@ -45,9 +45,9 @@ def uninterrupted(trained_run):
     ["parallel=ddp", "zero=stage1"],
     ["parallel=fsdp", "zero=stage3"],
     ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2", "zero=stage3"],
-    ["parallel=deepspeed", "zero=stage2"],
-    ["parallel=deepspeed", "zero=stage3"],
-], ids=lambda a: "-".join(x.split("=")[1] for x in a))
+    list(DEEPSPEED_Z2),
+    list(DEEPSPEED_Z3),
+], ids=lambda a: "-".join(x.split("=")[1].rsplit("/", 1)[-1] for x in a))
 def test_resume_is_exact(tmp_path, trained_run, layout):
     """Resuming at step 4 gives steps 5..8 of the same layout's uninterrupted run (same schedule).
     Single also goes through stop_at_step and resume=auto in one run dir: each step logged once."""
@@ -232,7 +232,7 @@ def test_rerun_of_a_finished_job_exits_0_as_already_complete(uninterrupted):
     assert proc.returncode == 2 and "raise trainer.max_steps" in proc.stderr   # an explicit path stays an error
 
 
-@pytest.mark.parametrize("layout", [["parallel=ddp"], ["parallel=deepspeed", "zero=stage3"]], ids=["ddp", "ds_z3"])
+@pytest.mark.parametrize("layout", [["parallel=ddp"], DEEPSPEED_Z3], ids=["ddp", "ds_z3"])
 def test_the_manifest_the_ranks_build_together_lists_every_file_once(trained_run, layout):
     """Each rank checksums its share of a checkpoint's files; rank 0's meta.json lists every file (but
     itself) with the size and CRC-32 one process computes over the whole directory."""

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.helpers import assert_planned_model_states, FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
+from tests.helpers import assert_planned_model_states, DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_framework, run_in_own_session
 
 FIXTURES = REPO / "tests" / "fixtures" / "deepspeed"
 TOL, OFFLOAD_TOL = 1e-5, 1e-4
@@ -15,18 +15,18 @@ TOL, OFFLOAD_TOL = 1e-5, 1e-4
 RUNS = {
     "none": ["zero=none"],
     "stage1": ["zero=stage1"],
-    "stage2": ["zero=stage2", f"parallel.ds_config={FIXTURES / 'good.json'}"],
-    # Threshold 0: every parameter is partitioned (by default tiny ones stay whole on each rank).
-    "stage3": ["zero=stage3", "parallel.stage3_param_persistence_threshold=0", "activation_checkpointing=full"],
     "offload": ["zero=stage2", "zero.offload_optimizer=true", f"parallel.ds_config={FIXTURES / 'auto.json'}"],
 }
+SHARED = {"stage2": DEEPSPEED_Z2, "stage3": DEEPSPEED_Z3}   # with checkpoints, which the other files read
 _runs: dict[str, object] = {}
 
 
 @pytest.fixture(scope="module")
-def ds_run(tmp_path_factory):
-    """Run dir of a 2-worker DeepSpeed job per RUNS entry, each run once per session."""
+def ds_run(tmp_path_factory, trained_run):
+    """Run dir of a 2-worker DeepSpeed job per RUNS or SHARED entry, each run once per session."""
     def get(name: str):
+        if name in SHARED:
+            return trained_run(*SHARED[name])
         if name not in _runs:
             run_dir = tmp_path_factory.mktemp(f"ds_{name}")
             check_ok(run_framework([*FAST, "parallel=deepspeed", "launcher.nproc_per_node=2", *RUNS[name]], run_dir))

@@ -18,7 +18,7 @@ from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.models.llama import Llama
 from framework.trainer import cross_entropy
-from tests.helpers import FAST, REPO, check_ok, losses, run_framework, run_in_own_session
+from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, REPO, check_ok, losses, run_framework, run_in_own_session
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,8 +26,8 @@ transformers = pytest.importorskip("transformers")
 LAYOUTS = {
     "fsdp_z3": ["parallel=fsdp", "zero=stage3"],
     "3d_tp2_dp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2", "zero=stage3"],
-    "deepspeed_z3": ["parallel=deepspeed", "zero=stage3"],
-    "deepspeed_z2": ["parallel=deepspeed", "zero=stage2"],
+    "deepspeed_z3": DEEPSPEED_Z3,
+    "deepspeed_z2": DEEPSPEED_Z2,
 }
 STEPS = 8
 

@@ -77,10 +77,11 @@ def test_a_mixture_trains_reports_tokens_per_source_and_resumes_exactly(two_data
     assert last["tokens/docs_a"] + last["tokens/docs_b"] == 8 * 8 * 32
     assert last["tokens/docs_a"] > last["tokens/docs_b"] > 0
     assert all(r["tokens/docs_a"] <= s["tokens/docs_a"] for r, s in zip(records, records[1:]))
-    run = tmp_path / "run"
-    check_ok(run_framework(_mix_args(two_datasets, "trainer.stop_at_step=4"), run))
-    check_ok(run_framework(_mix_args(two_datasets, "checkpoint.resume=auto"), run))
-    assert max_rel_diff(losses(tmp_path / "full"), losses(run)) <= 1e-6
+    run = tmp_path / "run"      # resumes from the full run's step 4 (stop_at_step + resume=auto: test_checkpoint)
+    check_ok(run_framework(_mix_args(two_datasets, f"checkpoint.resume={tmp_path / 'full/checkpoints/step_00000004'}"),
+                           run))
+    assert len(losses(run)) == 4
+    assert max_rel_diff(losses(tmp_path / "full")[4:], losses(run)) <= 1e-6
     assert read_metrics(run)[-1]["tokens/docs_a"] == last["tokens/docs_a"]
 
 

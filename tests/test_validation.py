@@ -50,7 +50,7 @@ CASES = [
     (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio: must be in [0, 1]"),
     (["optimizer._target_=torch.optim.NoSuchOpt"], "optimizer._target_: cannot import"),
     (["model=custom", "model._target_=no.such.Module"], "model._target_: cannot import"),
-    (["device=tpu"], "device: unknown device 'tpu'"),
+    (["device=tpu"], "device: 'tpu' is not one of auto|cpu|cuda"),
     (["launcher.max_restarts=-1"], "launcher.max_restarts: must not be negative"),
     (["launcher.timeout_s=0"], "launcher.timeout_s: must be positive"),
     (["trainer.stall_timeout_s=-5"], "trainer.stall_timeout_s: must not be negative"),

@@ -3,13 +3,29 @@
 Each group option in conf/ starts its defaults list with `<option>_schema`, so a key the
 schema does not know, or a value of the wrong type, fails when Hydra composes the config.
 Strategy-specific options live beside their strategy; only the shared parts are here.
+
+A field that takes one of a fixed set of values is `OneOf[...]`: OmegaConf 2.3 refuses typing.Literal in
+a structured config, so the type it sees is str and the set rides along as a Literal, which
+config/choices.py reads to refuse any other value before work starts. Where the set is a table of the
+code that implements it (sources, schedules, dtypes), the field names that table.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from omegaconf import MISSING
+
+from framework.data.sources import SOURCES, TOKEN_DTYPES
+from framework.optim.schedulers import SCHEDULES
+from framework.precision import COMPUTE_DTYPES, DTYPES
+
+
+class OneOf:
+    """`OneOf["a", "b"]` (or `OneOf[a_tuple]`) = Annotated[str, Literal["a", "b"]]."""
+
+    def __class_getitem__(cls, values):
+        return Annotated[str, Literal[tuple(values) if isinstance(values, (tuple, list, dict)) else (values,)]]
 
 
 @dataclass
@@ -43,9 +59,9 @@ class ZeroConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"                  # fp32 | bf16 | fp16
-    param_dtype: str = "float32"        # compute dtype: autocast dtype, or FSDP2's all-gather dtype
-    reduce_dtype: str = "float32"       # gradient reduction dtype (FSDP2); master weights stay fp32
+    name: OneOf[COMPUTE_DTYPES] = "fp32"
+    param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
+    reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0
@@ -89,7 +105,7 @@ class SGDConfig(OptimizerConfig):
 
 @dataclass
 class SchedulerConfig:
-    name: str = MISSING
+    name: OneOf[SCHEDULES] = MISSING
     warmup_steps: int = 0
     min_lr_ratio: float = 0.1   # cosine decays to lr * min_lr_ratio at max_steps
 
@@ -105,10 +121,9 @@ class MixSourceConfig:
 class DataConfig:
     name: str = MISSING
     seq_len: int = 128
-    # pydoc | text | tokens | megatron | mix | synthetic
-    source: str = MISSING
+    source: OneOf[SOURCES] = MISSING
     path: Optional[str] = None          # text file; token file or prepared dataset dir; Megatron .bin/.idx prefix
-    dtype: str = "uint16"               # flat token files: uint16 | uint32 (dataset dirs and Megatron say their own)
+    dtype: OneOf[TOKEN_DTYPES] = "uint16"   # flat token files (dataset dirs and Megatron say their own)
     vocab_size: int = 256               # byte-level for pydoc and text; a prepared dataset's manifest sets it
     eos_id: Optional[int] = None        # from a prepared dataset's manifest
     tokenizer: Optional[str] = None     # bytes | a tokenizer.json; a prepared dataset's manifest sets it
@@ -136,7 +151,7 @@ class TrainerConfig:
     sample_tokens: int = 32
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
-    on_nonfinite: str = "abort"         # abort | skip: what a NaN/inf loss or gradient does
+    on_nonfinite: OneOf["abort", "skip"] = "abort"   # what a NaN/inf loss or gradient does
     progress_bar: bool = True
     # No step finished for this long: every rank writes its stacks to <run dir>/stall/ and the job
     # fails. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with evidence)
@@ -209,4 +224,4 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     seed: int = 0
-    device: str = "auto"                    # auto | cpu | cuda
+    device: OneOf["auto", "cpu", "cuda"] = "auto"

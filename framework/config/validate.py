@@ -18,16 +18,15 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.errors import ConfigError
+from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
-from framework.data.sources import (SOURCES, TOKEN_DTYPES, DataError, check_token_range, path_kind,
-                                    source_name, streams)
+from framework.data.sources import DataError, check_token_range, path_kind, source_name, streams
 from framework.devices import check_visible_gpus
 from framework.models import hf_files
 from framework.models.spec import spec_for
-from framework.optim.schedulers import SCHEDULES
 from framework.preemption import signal_number
 
 EXAMPLE_TARGET = "framework.models.llama.Llama"
@@ -104,10 +103,6 @@ def validate_data_files(cfg) -> None:
         _megatron_prefix("data.path", data.path)
     elif data.source == "mix":
         _mixture_sources(cfg)
-    elif data.source not in SOURCES:
-        raise ConfigError("data.source", f"unknown source {data.source!r}; use {', '.join(SOURCES)}")
-    if data.source in ("tokens", "mix") and data.dtype not in TOKEN_DTYPES:
-        raise ConfigError("data.dtype", f"unknown token dtype {data.dtype!r}; use uint16 or uint32")
 
 
 def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
@@ -219,8 +214,6 @@ def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> N
 
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
-    if t.on_nonfinite not in ("abort", "skip"):
-        raise ConfigError("trainer.on_nonfinite", f"unknown policy {t.on_nonfinite!r}; use abort or skip")
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"must be in 1..trainer.max_steps={t.max_steps}, got {t.stop_at_step}")
     if c.async_save and not strategy_cls.supports_async_save:
@@ -274,6 +267,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
+    check_choices(cfg)
     explicit = hydra_explicit_keys() if explicit is None else explicit
     strategy_cls.adopt_user_files(cfg, world_size, explicit)
     strategy_cls.check_world(cfg, world_size)
@@ -291,12 +285,8 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
         if signal_number(name) is None or name in ("SIGKILL", "SIGSTOP"):
             raise ConfigError("launcher.preempt_signals", f"{name!r} is not a signal a process can handle; "
                                                           f"use names such as SIGTERM, SIGUSR1, SIGUSR2")
-    if cfg.scheduler.name not in SCHEDULES:
-        raise ConfigError("scheduler.name", f"unknown schedule {cfg.scheduler.name!r}; use {' or '.join(SCHEDULES)}")
     if not 0 <= cfg.scheduler.min_lr_ratio <= 1:
         raise ConfigError("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
-    if cfg.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError("device", f"unknown device {cfg.device!r}; use auto, cpu or cuda")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
     check_visible_gpus(cfg, world_size)
