@@ -10,8 +10,8 @@ import pytest
 from framework.errors import ConfigError
 from framework.config.explicit import explicit_keys
 from framework.config.validate import validate
-from framework.strategies import deepspeed_config as dsc
-from framework.strategies import deepspeed_ops as dso
+from framework.strategies.deepspeed import config as dsc
+from framework.strategies.deepspeed import ops as dso
 from framework.strategies.registry import strategy_class
 from tests.helpers import FAST, REPO
 

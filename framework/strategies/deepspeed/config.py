@@ -4,7 +4,7 @@
 parallel.*. A user's file (parallel.ds_config) plus parallel.overrides is then laid on top:
 "auto" values are filled from the run, a value that contradicts the run is an error naming
 both, and keys the run does not own (profilers, bucket sizes, ...) pass through. Values fixed in
-the file have already become the run's where the user left our default (deepspeed_adopt.py).
+the file have already become the run's where the user left our default (adopt.py).
 Nothing here imports deepspeed (on CUDA only its list of prebuilt ops): it runs in the launching
 process during validation.
 """
@@ -20,8 +20,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.strategies.deepspeed_ops import choose_adam_kernel
-from framework.strategies.deepspeed_options import DeepSpeedOptions
+from framework.strategies.deepspeed.ops import choose_adam_kernel
+from framework.strategies.deepspeed.options import DeepSpeedOptions
 
 AUTO = "auto"
 _MISSING = object()

@@ -1,6 +1,6 @@
 """DeepSpeed: ZeRO stages 0-3 with CPU or NVMe offload, from a DeepSpeed config generated from the run.
 
-The DeepSpeed JSON (deepspeed_config.py) is resolved once from the config groups, checked in the
+The DeepSpeed JSON (config.py) is resolved once from the config groups, checked in the
 launching process, and written to <run dir>/ds_config.json by rank 0. Without CUDA, DeepSpeed runs
 on its CPU accelerator over gloo. deepspeed is imported only inside the workers (it is slow to import).
 """
@@ -18,9 +18,9 @@ from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
-from framework.strategies import deepspeed_config as dsc
-from framework.strategies.deepspeed_ops import skip_inference_comm_op
-from framework.strategies.deepspeed_options import DeepSpeedOptions
+from framework.strategies.deepspeed import config as dsc
+from framework.strategies.deepspeed.ops import skip_inference_comm_op
+from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.world import OPEN_CPU_WORKERS
 from framework.strategies.base import Strategy
 from framework.precision import compute_dtype
@@ -60,7 +60,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
-        from framework.strategies.deepspeed_adopt import adopt
+        from framework.strategies.deepspeed.adopt import adopt
         adopt(cfg, world_size, explicit)
 
     @classmethod

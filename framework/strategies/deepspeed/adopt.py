@@ -2,7 +2,7 @@
 
 Rule: what the user chose explicitly (command line or recipe) is the truth; a value fixed in the file
 replaces one the user left at our default (zero stage, offload devices, fp16/bf16, gradient clipping,
-batch sizes, optimizer and warm-up numbers); "auto" is filled from the run later, by deepspeed_config.
+batch sizes, optimizer and warm-up numbers); "auto" is filled from the run later, by config.py.
 A fixed value that contradicts an explicit choice, or that this machine cannot run, is refused in one
 line naming both sides. Runs in the launching process, before validation, so the resolved config in
 the run dir shows what ran.
@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from framework.errors import ConfigError
 from framework.config.explicit import is_explicit
 from framework.config.paths import CONFIG_DIR
-from framework.strategies import deepspeed_config as dsc
+from framework.strategies.deepspeed import config as dsc
 
 _enabled = lambda device: device != "none"   # noqa: E731
 
@@ -67,7 +67,7 @@ def adopt(cfg, world_size: int, explicit: set[str]) -> None:
         if value is dsc._MISSING or value == dsc.AUTO:
             continue
         if ds_path[0] == "optimizer" and OmegaConf.select(cfg, key) is None and key not in cfg.optimizer:
-            continue   # the optimizer group has no such parameter: deepspeed_config names the mismatch
+            continue   # the optimizer group has no such parameter: config.py names the mismatch
         take(key, convert(value), group_picks_it, f"{'.'.join(ds_path)}={json.dumps(value)}")
 
     for precision in ("fp16", "bf16"):
