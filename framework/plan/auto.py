@@ -133,8 +133,8 @@ def apply(cfg, cand: Candidate) -> DictConfig:
 def _checked(trial, world: int) -> bool:
     cls = strategy_class(trial.parallel.name)
     try:
+        cls.batch_layout(trial, world)
         cls.validate(trial, world)
-        cls.validate_batch(trial, world)
     except ConfigError:
         return False
     return True

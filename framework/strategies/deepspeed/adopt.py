@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
 from framework.config.explicit import is_explicit
+from framework.parallel.batch_layout import micro_batch_for
 from framework.precision import COMPUTE_DTYPES
 from framework.strategies.deepspeed.config import has_fp16_hardware, load_user_config
 from framework.strategies.deepspeed.values import AUTO, MISSING, lookup, same
@@ -84,12 +85,14 @@ def adopt(cfg, world_size: int, explicit: set[str]) -> None:
             else:
                 _set_precision(cfg, precision)
 
+    # A fixed accumulation with the micro batch left to us: the micro batch that makes it (where one does;
+    # otherwise config.py names the contradiction).
     gas = lookup(user, ("gradient_accumulation_steps",))
-    t = cfg.trainer
     if isinstance(gas, int) and not isinstance(gas, bool) and lookup(user, ("train_micro_batch_size_per_gpu",)) \
-            in (MISSING, AUTO) and not is_explicit("trainer.micro_batch_size", explicit) \
-            and t.global_batch_size % (gas * world_size) == 0:
-        t.micro_batch_size = t.global_batch_size // (gas * world_size)
+            in (MISSING, AUTO) and not is_explicit("trainer.micro_batch_size", explicit):
+        micro = micro_batch_for(cfg.trainer.global_batch_size, world_size, gas)
+        if micro is not None:
+            OmegaConf.update(cfg, "trainer.micro_batch_size", micro)
 
     scheduler = user.get("scheduler")
     if isinstance(scheduler, dict) and is_explicit("scheduler.name", explicit, group_picks_it=True):

@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
+from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.strategies.deepspeed.ops import choose_adam_kernel
 from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.strategies.deepspeed.values import AUTO, MISSING, autos, deep_merge, lookup, put, same
@@ -40,9 +41,9 @@ DS_OPTIMIZERS = {
 }
 
 
-def gradient_accumulation(cfg, world_size: int) -> int:
-    t = cfg.trainer
-    return t.global_batch_size // (t.micro_batch_size * world_size)
+def batch(cfg, world_size: int) -> BatchLayout:
+    """DeepSpeed data-parallelises over every rank."""
+    return batch_layout(cfg, dp=world_size)
 
 
 def has_fp16_hardware(cfg) -> bool:
@@ -86,6 +87,7 @@ def _offload(cfg, enabled: bool) -> dict:
 
 def generate(cfg, world_size: int) -> dict:
     t, p, z, precision = cfg.trainer, cfg.parallel, cfg.zero, cfg.precision.name
+    layout = batch(cfg, world_size)
     zero: dict[str, Any] = {"stage": z.stage}
     zero.update({k: p[k] for k in ZERO_KNOBS if p[k] is not None})
     if z.stage >= 1:
@@ -93,9 +95,9 @@ def generate(cfg, world_size: int) -> dict:
     if z.stage == 3:
         zero["offload_param"] = _offload(cfg, z.offload_params)
     ds: dict[str, Any] = {
-        "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation(cfg, world_size),
+        "train_batch_size": layout.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": layout.accumulation,
         "gradient_clipping": t.grad_clip,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", **(fp16_scaling(cfg) if precision == "fp16" else {})},
@@ -141,15 +143,15 @@ def load_user_config(path: str) -> dict:
 
 def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]]:
     """DeepSpeed key -> (the run's value, the run setting it comes from, as the user would type it)."""
-    t, z = cfg.trainer, cfg.zero
-    gas = generated["gradient_accumulation_steps"]
+    t, z, layout = cfg.trainer, cfg.zero, batch(cfg, world_size)
     precision = f"precision={cfg.precision.name}"
     fp16_hint = "" if has_fp16_hardware(cfg) else " (fp16 cannot run on this CPU; precision=bf16 can)"
     owned = {
-        ("train_batch_size",): (t.global_batch_size, f"trainer.global_batch_size={t.global_batch_size}"),
-        ("train_micro_batch_size_per_gpu",): (t.micro_batch_size, f"trainer.micro_batch_size={t.micro_batch_size}"),
-        ("gradient_accumulation_steps",): (gas, f"{gas} = trainer.global_batch_size {t.global_batch_size} / "
-                                                f"(trainer.micro_batch_size {t.micro_batch_size} x {world_size} ranks)"),
+        ("train_batch_size",): (layout.global_batch, f"trainer.global_batch_size={layout.global_batch}"),
+        ("train_micro_batch_size_per_gpu",): (layout.micro_batch, f"trainer.micro_batch_size={layout.micro_batch}"),
+        ("gradient_accumulation_steps",): (layout.accumulation, f"{layout.accumulation} = trainer.global_batch_size "
+                                                                f"{layout.global_batch} / (trainer.micro_batch_size "
+                                                                f"{layout.micro_batch} x {layout.dp} ranks)"),
         ("gradient_clipping",): (t.grad_clip, f"trainer.grad_clip={t.grad_clip}"),
         ("fp16", "enabled"): (cfg.precision.name == "fp16", precision + fp16_hint),
         ("bf16", "enabled"): (cfg.precision.name == "bf16", precision),

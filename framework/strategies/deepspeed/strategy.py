@@ -18,14 +18,13 @@ from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
+from framework.precision import compute_dtype
+from framework.strategies.base import Strategy
 from framework.strategies.deepspeed import config as dsc
+from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
 from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.world import OPEN_CPU_WORKERS
-from framework.strategies.base import Strategy
-from framework.precision import compute_dtype
-
-
 
 
 def _use_cpu_accelerator() -> None:
@@ -60,7 +59,6 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
-        from framework.strategies.deepspeed.adopt import adopt
         adopt(cfg, world_size, explicit)
 
     @classmethod
@@ -105,9 +103,6 @@ class DeepSpeedStrategy(Strategy):
         for knob in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size"):
             if p[knob] <= 0:
                 raise ConfigError(f"parallel.{knob}", f"must be positive, got {p[knob]}")
-        t = cfg.trainer
-        if t.global_batch_size % (t.micro_batch_size * world_size):
-            return  # validate_batch names the numbers
         dsc.resolve(cfg, world_size)
 
     # ---- inside a worker ----------------------------------------------------------------
