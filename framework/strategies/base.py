@@ -18,9 +18,9 @@ from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
+from framework.parallel.activation_checkpointing import validate_activation_checkpointing
 from framework.parallel.batch_layout import BatchLayout, batch_layout
-from framework.parallel.compile import compile_blocks
+from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -270,10 +270,8 @@ class TorchStrategy(Strategy):
         self.precision.backward(loss)
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
-        model = model_factory().to(self.device)
-        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
-        compile_blocks(model, self.cfg, model_factory.spec)
-        self.model = self.wrap_model(model)
+        self.model = checkpoint_compile_wrap(model_factory().to(self.device), self.cfg, model_factory.spec,
+                                             self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 

@@ -17,7 +17,8 @@ from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
+from framework.parallel.activation_checkpointing import MODES as AC_MODES
+from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.precision import compute_dtype
 from framework.strategies.base import Strategy
 from framework.strategies.deepspeed import config as dsc
@@ -123,13 +124,17 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:
             dsc.write(self.ds_config, self.run_dir)
-        model = self._build_model(model_factory)
-        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
-        groups = build_optimizer.param_groups(model.parameters())
-        optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
-            lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
+
+        def engine(model):
+            groups = build_optimizer.param_groups(model.parameters())
+            optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
+            return deepspeed.initialize(
+                model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+                lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
+
+        # trainer.compile is refused here (compile_note): the build order's compile step does nothing
+        self.engine, self.optimizer, _, self.scheduler = checkpoint_compile_wrap(
+            self._build_model(model_factory), self.cfg, model_factory.spec, engine)
         self.model = self.engine
         self.dtype = compute_dtype(self.cfg.precision.name)
 
