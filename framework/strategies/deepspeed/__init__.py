@@ -6,6 +6,7 @@ The public API is what this file imports; the modules behind it:
   adopt.py     before validation, a user's JSON (parallel.ds_config) sets what the user left at our defaults
   config.py    the run's DeepSpeed JSON: generated, reconciled with the user's file, written to the run dir
   ops.py       which Adam kernel DeepSpeed's own optimizer runs on CUDA
+  values.py    reading and comparing values at a path of a DeepSpeed JSON ("auto", a missing key)
 """
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.config import resolve, write
