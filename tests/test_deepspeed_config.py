@@ -10,8 +10,9 @@ import pytest
 from framework.errors import ConfigError
 from framework.config.explicit import explicit_keys
 from framework.config.validate import validate
-from framework.strategies import deepspeed_config as dsc
-from framework.strategies import deepspeed_ops as dso
+from framework.strategies.deepspeed import config as dsc
+from framework.strategies.deepspeed import ops as dso
+from framework.strategies.deepspeed.values import autos
 from framework.strategies.registry import strategy_class
 from tests.helpers import FAST, REPO
 
@@ -79,7 +80,7 @@ def test_auto_file_is_filled_from_the_run(composer):
     cfg = composer(f"parallel.ds_config={FIXTURES / 'auto.json'}", "zero=stage2", "zero.offload_optimizer=true",
                    "parallel.reduce_bucket_size=777")
     ds = dsc.resolve(cfg, 2)
-    assert dsc._autos(ds) == []
+    assert autos(ds) == []
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
     assert ds["gradient_clipping"] == 1.0 and ds["bf16"]["enabled"] is False and ds["fp16"]["enabled"] is False
     assert ds["zero_optimization"]["stage"] == 2 and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -138,7 +139,7 @@ def test_public_auto_files_set_what_the_user_left_at_our_defaults(compose_config
     validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
     assert (cfg.zero.stage, cfg.zero.offload_optimizer, cfg.zero.offload_params) == (stage, True, offload_params)
     ds = dsc.resolve(cfg, 2)
-    assert dsc._autos(ds) == [] and "optimizer" not in ds      # the torch AdamW of optimizer.* steps
+    assert autos(ds) == [] and "optimizer" not in ds      # the torch AdamW of optimizer.* steps
     assert ds["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": cfg.optimizer.lr,
                                          "warmup_num_steps": cfg.scheduler.warmup_steps}
     assert ds["train_batch_size"] == cfg.trainer.global_batch_size and ds["fp16"]["enabled"] is False

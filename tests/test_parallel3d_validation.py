@@ -35,7 +35,11 @@ IN_PROCESS_CASES = {
                                                     "4 sequences (8 / dp 2) do not split into 3"),
     "global_batch_not_divisible_by_dp": (["parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=3",
                                           "trainer.micro_batch_size=1"], "trainer.global_batch_size",
-                                         "8 sequences do not divide among dp_replicate x dp_shard = 3"),
+                                         "8 sequences do not divide among 3 data-parallel ranks"),
+    # without a pipeline the micro-batches must be equal: [3, 1] would weigh one sequence like three
+    "micro_batch_does_not_divide_a_share": (["parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2",
+                                             "trainer.micro_batch_size=3"], "trainer.global_batch_size",
+                                            "8 is not divisible by micro_batch_size x data-parallel degree = 3 x 2"),
     "zero_stage1_refused": (["zero=stage1"], "zero", "use zero=stage2"),
     # the shared checks run under 3d too: this once reached the workers and divided by zero there
     "selective_every_0_layers": (["activation_checkpointing=selective", "activation_checkpointing.every_n_layers=0"],

@@ -246,19 +246,6 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
                                                f"trainer.max_steps={t.max_steps}; raise trainer.max_steps")
 
 
-def fill_micro_batch_size(cfg, world_size: int, strategy_cls) -> None:
-    """An unset trainer.micro_batch_size is a data-parallel rank's whole share: no accumulation."""
-    t = cfg.trainer
-    if t.micro_batch_size is not None:
-        return
-    _positive(cfg, "trainer.global_batch_size")
-    dp = strategy_cls.data_parallel_size(cfg, world_size)
-    if t.global_batch_size % dp:
-        raise ConfigError("trainer.global_batch_size", f"{t.global_batch_size} sequences do not divide among "
-                                                       f"{dp} data-parallel ranks; use a multiple of {dp}")
-    t.micro_batch_size = t.global_batch_size // dp
-
-
 def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
              explicit: set[str] | None = None) -> None:
     """Completes the values derived from others (written into cfg, so the saved config shows them), then
@@ -271,9 +258,9 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     explicit = hydra_explicit_keys() if explicit is None else explicit
     strategy_cls.adopt_user_files(cfg, world_size, explicit)
     strategy_cls.check_world(cfg, world_size)
-    fill_micro_batch_size(cfg, world_size, strategy_cls)
-    _positive(cfg, "trainer.max_steps", "trainer.global_batch_size", "trainer.micro_batch_size",
-              "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s",
+    # Every batch rule, once; an unset micro_batch_size is filled in so that the saved config shows it.
+    cfg.trainer.micro_batch_size = strategy_cls.batch_layout(cfg, world_size).micro_batch
+    _positive(cfg, "trainer.max_steps", "trainer.log_every", "optimizer.lr", "checkpoint.keep_last", "launcher.timeout_s",
               "launcher.stop_grace_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
                 "scheduler.warmup_steps", "seed", "trainer.stall_timeout_s"):
@@ -303,5 +290,4 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
-    strategy_cls.validate_batch(cfg, world_size)
     validate_data_contents(cfg)

@@ -17,8 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
-from framework.parallel.activation_checkpointing import checkpoint_activations
-from framework.parallel.compile import compile_blocks
+from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
@@ -45,16 +44,19 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
         modules = [spec.pipeline_stage(full, i, num_stages) for i in stage_ids]
     else:
         modules = [full]
+
+    def shard(module: nn.Module) -> nn.Module:
+        if not sharding.enabled:
+            return module
+        return apply_fsdp(module, meshes.fsdp, reshard_after_forward=sharding.reshard_after_forward,
+                          mp_policy=sharding.mp_policy, offload=sharding.offload,
+                          block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
+
     for module in modules:
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
             retie(module, spec.tied_parameters(cfg.model))
-        checkpoint_activations(module, cfg.activation_checkpointing, spec)
-        compile_blocks(module, cfg, spec)
-        if sharding.enabled:
-            apply_fsdp(module, meshes.fsdp, reshard_after_forward=sharding.reshard_after_forward,
-                       mp_policy=sharding.mp_policy, offload=sharding.offload,
-                       block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
+        checkpoint_compile_wrap(module, cfg, spec, shard)
         if on_meta:
             # Offloaded shards live in CPU memory; FSDP2 moves them to the device per use.
             with returning_large_frees():

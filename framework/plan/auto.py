@@ -43,6 +43,11 @@ class Candidate:
         out.append(f"trainer.micro_batch_size={self.micro_batch}")
         return out
 
+    def settings(self) -> dict:
+        """The keys besides parallel.* that this layout sets, in the trial copy and in the run alike."""
+        return {"zero.stage": self.zero, "zero.offload_optimizer": self.offload,
+                "activation_checkpointing.mode": self.ac, "trainer.micro_batch_size": self.micro_batch}
+
     def describe(self) -> str:
         """The overrides that differ from the strategy's defaults, for people."""
         p = dict(self.parallel)
@@ -123,18 +128,16 @@ def apply(cfg, cand: Candidate) -> DictConfig:
     parallel.update(dict(cand.parallel))
     parallel["name"] = cand.strategy      # a strategy on the base schema (single) leaves it MISSING
     trial.parallel = parallel
-    trial.zero.stage = cand.zero
-    trial.zero.offload_optimizer = cand.offload
-    trial.activation_checkpointing.mode = cand.ac
-    trial.trainer.micro_batch_size = cand.micro_batch
+    for key, value in cand.settings().items():
+        OmegaConf.update(trial, key, value)
     return trial
 
 
 def _checked(trial, world: int) -> bool:
     cls = strategy_class(trial.parallel.name)
     try:
+        cls.batch_layout(trial, world)
         cls.validate(trial, world)
-        cls.validate_batch(trial, world)
     except ConfigError:
         return False
     return True
@@ -201,11 +204,9 @@ def choose_layout(cfg, world: int, device: Device, per_node: int) -> tuple[str, 
     """Rewrite cfg (in place) to the fastest layout that fits; return the report and the ranking."""
     ranked = rank_layouts(cfg, world, device, per_node)
     top = cfg.parallel.top
-    best = apply(cfg, ranked[0][0])
+    best = ranked[0][0]
     with open_dict(cfg):
-        cfg.parallel = best.parallel
-        cfg.zero.stage = best.zero.stage
-        cfg.zero.offload_optimizer = best.zero.offload_optimizer
-        cfg.activation_checkpointing.mode = best.activation_checkpointing.mode
-        cfg.trainer.micro_batch_size = best.trainer.micro_batch_size
+        cfg.parallel = apply(cfg, best).parallel
+        for key, value in best.settings().items():
+            OmegaConf.update(cfg, key, value)
     return report(ranked, top), ranked

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework.parallel.batch_layout import batch_layout
 from framework.parallel.mesh import ParallelDims
-from framework.strategies.registry import strategy_class
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Layout:
 
 def layout_of(cfg, world_size: int) -> Layout:
     """The layout of a validated config (micro_batch_size filled in) on `world_size` processes."""
-    p, t = cfg.parallel, cfg.trainer
+    p = cfg.parallel
     name = p.name
     if name in ("fsdp", "3d"):
         dims = ParallelDims.from_config(p, world_size)
@@ -73,20 +73,13 @@ def layout_of(cfg, world_size: int) -> Layout:
         rep, shard, tp, pp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp
     else:
         rep, shard, tp, pp = world_size, 1, 1, 1
-    dp = rep * shard
-    share = t.global_batch_size // dp
+    batch = batch_layout(cfg, rep * shard, pp)
     virtual = p.get("pp_virtual_stages", 1) if pp > 1 else 1
-    if pp > 1:
-        microbatches = strategy_class(name).pipeline_microbatches(cfg, dims)
-        micro = share // microbatches
-    else:
-        micro = min(t.micro_batch_size, share)
-        microbatches = 1
     return Layout(
         strategy=name, world=world_size, dp_replicate=rep, dp_shard=shard, tp=tp, pp=pp, zero=cfg.zero.stage,
         offload_optimizer=bool(cfg.zero.offload_optimizer), offload_params=bool(cfg.zero.offload_params),
         sequence_parallel=bool(p.get("sequence_parallel", False)) and tp > 1,
-        pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=microbatches, virtual_stages=virtual,
+        pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
-        micro_batch=micro, accumulation=microbatches if pp > 1 else share // micro,
+        micro_batch=batch.forward_batch, accumulation=batch.accumulation,
         seq_len=cfg.data.seq_len, precision=cfg.precision.name)

@@ -18,8 +18,9 @@ from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
-from framework.parallel.compile import compile_blocks
+from framework.parallel.activation_checkpointing import validate_activation_checkpointing
+from framework.parallel.batch_layout import BatchLayout, batch_layout
+from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -56,18 +57,10 @@ class Strategy:
         """Before anything divides the world: refuse a world too small for the layout, saying how to shrink it."""
 
     @classmethod
-    def data_parallel_size(cls, cfg, world_size: int) -> int:
-        return world_size
-
-    @classmethod
-    def validate_batch(cls, cfg, world_size: int) -> None:
-        """Gradient accumulation = global / (micro x data-parallel degree) must be a whole number."""
-        t, dp = cfg.trainer, cls.data_parallel_size(cfg, world_size)
-        per_step = t.micro_batch_size * dp
-        if t.global_batch_size % per_step:
-            raise ConfigError("trainer.global_batch_size",
-                              f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel degree "
-                              f"= {t.micro_batch_size} x {dp} = {per_step}")
+    def batch_layout(cls, cfg, world_size: int) -> BatchLayout:
+        """How a global batch splits over this strategy's ranks (every rank a data-parallel one here);
+        ConfigError where the batch rule does not hold."""
+        return batch_layout(cfg, dp=world_size)
 
     #: parallel dims beyond data parallelism that this strategy has (the others must stay 1)
     model_parallel_dims: tuple[str, ...] = ()
@@ -277,10 +270,8 @@ class TorchStrategy(Strategy):
         self.precision.backward(loss)
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
-        model = model_factory().to(self.device)
-        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
-        compile_blocks(model, self.cfg, model_factory.spec)
-        self.model = self.wrap_model(model)
+        self.model = checkpoint_compile_wrap(model_factory().to(self.device), self.cfg, model_factory.spec,
+                                             self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 

@@ -53,8 +53,7 @@ class DDPStrategy(TorchStrategy):
         if cfg.parallel.comm_hook == "bf16" and not torch.cuda.is_available():
             raise ConfigError("parallel.comm_hook", "bf16 gradient compression needs CUDA with NCCL; "
                                                     "on this machine use parallel.comm_hook=fp16")
-        t = cfg.trainer
-        accumulation = t.global_batch_size // max(1, t.micro_batch_size * world_size)
+        accumulation = cls.batch_layout(cfg, world_size).accumulation
         if cfg.parallel.static_graph and accumulation > 1:
             raise ConfigError("parallel.static_graph", f"DDP's static graph cannot skip gradient sync, which "
                                                        f"{accumulation} accumulation steps need; set "

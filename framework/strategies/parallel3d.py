@@ -5,11 +5,9 @@ tensor parallel -> activation checkpointing -> FSDP2 over the data-parallel dims
 created on the meta device; each rank then materializes only its own stages' shards, computed
 from the same per-parameter seeds as a single-process run.
 
-Batches: each data-parallel rank (every tp rank of it sees the same batch) takes
-global_batch_size / dp sequences per step. Without pipelining they run as micro-batches of
-trainer.micro_batch_size, capped at that share. With pipelining the share is cut into
-parallel.pp_microbatches pipeline micro-batches (null: share / micro_batch_size, at least what the
-schedule needs). zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
+Batches (parallel/batch_layout.py): each data-parallel rank (every tp rank of it sees the same batch)
+takes global_batch_size / dp sequences per step, as micro-batches of trainer.micro_batch_size, or with
+pipelining as parallel.pp_microbatches pipeline micro-batches. zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
 data-parallel rank a full replica (HSDP with shard size 1); stage1 is refused.
 """
 from __future__ import annotations
@@ -26,9 +24,9 @@ from torch import nn
 from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.models.spec import spec_for
+from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.mesh import ParallelDims
-from framework.parallel.pipeline import (build_schedule, canonical_name, min_microbatches, stage_ids,
-                                         validate_pipeline)
+from framework.parallel.pipeline import build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.strategies.base import TorchStrategy
 from framework.strategies.fsdp import FSDPOptions, FSDPStrategy
 
@@ -96,16 +94,13 @@ class Parallel3DStrategy(TorchStrategy):
                                       f"{'GPUs (torchrun/srun across nodes)' if on_gpus else 'workers (launcher.nproc_per_node)'}")
 
     @classmethod
-    def data_parallel_size(cls, cfg, world_size: int) -> int:
-        return ParallelDims.from_config(cfg.parallel, world_size).dp
-
-    @classmethod
-    def validate_batch(cls, cfg, world_size: int) -> None:
-        """validate() checks this strategy's batch rule: micro_batch_size is capped at a rank's share."""
+    def batch_layout(cls, cfg, world_size: int) -> BatchLayout:
+        dims = ParallelDims.from_config(cfg.parallel, world_size)
+        return batch_layout(cfg, dims.dp, dims.pp)
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
-        p, t, model = cfg.parallel, cfg.trainer, cfg.model
+        p, model = cfg.parallel, cfg.model
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "
                                       "and parameters, parallel=fsdp offloads parameters")
@@ -121,33 +116,11 @@ class Parallel3DStrategy(TorchStrategy):
         if p.sequence_parallel and cfg.data.seq_len % dims.tp:
             raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
                                               f"parallel.tp={dims.tp} ranks: not divisible")
-        if t.global_batch_size % dims.dp:
-            raise ConfigError("trainer.global_batch_size", f"{t.global_batch_size} sequences do not divide among "
-                                                           f"dp_replicate x dp_shard = {dims.dp} data-parallel ranks")
-        share = t.global_batch_size // dims.dp
-        if t.micro_batch_size > share and t.global_batch_size % t.micro_batch_size:
-            raise ConfigError("trainer.micro_batch_size", f"{t.micro_batch_size} exceeds a data-parallel rank's share "
-                                                          f"of {share} sequences ({t.global_batch_size} / dp "
-                                                          f"{dims.dp}); use at most {share}")
         if dims.pp > 1:
-            microbatches = cls.pipeline_microbatches(cfg, dims)
-            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model), microbatches)
-            if share % microbatches:
-                raise ConfigError("parallel.pp_microbatches", f"a data-parallel rank's {share} sequences "
-                                                              f"({t.global_batch_size} / dp {dims.dp}) do not split "
-                                                              f"into {microbatches} equal pipeline micro-batches")
+            validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model),
+                              cls.batch_layout(cfg, world_size).pipeline_microbatches)
         else:
             canonical_name(p.pp_schedule)
-
-    @classmethod
-    def pipeline_microbatches(cls, cfg, dims: ParallelDims) -> int:
-        p, t = cfg.parallel, cfg.trainer
-        if p.pp_microbatches is not None:
-            if p.pp_microbatches <= 0:
-                raise ConfigError("parallel.pp_microbatches", f"must be positive, got {p.pp_microbatches}")
-            return p.pp_microbatches
-        share = t.global_batch_size // dims.dp
-        return max(share // t.micro_batch_size, min_microbatches(p.pp_schedule, dims.pp, p.pp_virtual_stages))
 
     # ---- inside a worker ----------------------------------------------------------------
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
@@ -179,7 +152,7 @@ class Parallel3DStrategy(TorchStrategy):
         self.schedule = None
         if self.dims.pp > 1:
             self.schedule = build_schedule(cfg.parallel.pp_schedule, modules, self.stage_ids, self.num_stages,
-                                           self.pipeline_microbatches(cfg, self.dims),
+                                           self.batch_layout(cfg, self.world_size).pipeline_microbatches,
                                            lambda output, target: self._loss_fn(output, target),
                                            self.mesh.pp.get_group(), self.device)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)

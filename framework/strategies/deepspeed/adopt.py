@@ -2,7 +2,7 @@
 
 Rule: what the user chose explicitly (command line or recipe) is the truth; a value fixed in the file
 replaces one the user left at our default (zero stage, offload devices, fp16/bf16, gradient clipping,
-batch sizes, optimizer and warm-up numbers); "auto" is filled from the run later, by deepspeed_config.
+batch sizes, optimizer and warm-up numbers); "auto" is filled from the run later, by config.py.
 A fixed value that contradicts an explicit choice, or that this machine cannot run, is refused in one
 line naming both sides. Runs in the launching process, before validation, so the resolved config in
 the run dir shows what ran.
@@ -15,8 +15,10 @@ from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
 from framework.config.explicit import is_explicit
-from framework.config.paths import CONFIG_DIR
-from framework.strategies import deepspeed_config as dsc
+from framework.parallel.batch_layout import micro_batch_for
+from framework.precision import COMPUTE_DTYPES
+from framework.strategies.deepspeed.config import has_fp16_hardware, load_user_config
+from framework.strategies.deepspeed.values import AUTO, MISSING, lookup, same
 
 _enabled = lambda device: device != "none"   # noqa: E731
 
@@ -38,23 +40,22 @@ ADOPTED = (
 
 
 def _set_precision(cfg, name: str) -> None:
-    """Switch the precision group to another option, as `precision=<name>` would."""
-    option = OmegaConf.load(CONFIG_DIR / "precision" / f"{name}.yaml")
-    option.pop("defaults", None)
-    for key, value in option.items():
-        cfg.precision[key] = value
+    """Switch the precision group to another option, as `precision=<name>` would: its options differ from
+    the schema only in the name and the compute dtype; the rest of precision.* stays as composed."""
+    cfg.precision.name = name
+    cfg.precision.param_dtype = COMPUTE_DTYPES[name]
 
 
 def adopt(cfg, world_size: int, explicit: set[str]) -> None:
     path = cfg.parallel.ds_config
     if not path:
         return
-    user = dsc.load_user_config(path)
+    user = load_user_config(path)
     problems = []
 
     def take(key: str, value, group_picks_it: bool, shown: str) -> None:
         current = OmegaConf.select(cfg, key)
-        if dsc._same(OmegaConf.to_container(current) if OmegaConf.is_config(current) else current, value):
+        if same(OmegaConf.to_container(current) if OmegaConf.is_config(current) else current, value):
             return
         if is_explicit(key, explicit, group_picks_it):
             now = OmegaConf.to_container(current) if OmegaConf.is_config(current) else current
@@ -63,18 +64,18 @@ def adopt(cfg, world_size: int, explicit: set[str]) -> None:
             OmegaConf.update(cfg, key, value, merge=False)
 
     for ds_path, key, group_picks_it, convert in ADOPTED:
-        value = dsc._get(user, ds_path)
-        if value is dsc._MISSING or value == dsc.AUTO:
+        value = lookup(user, ds_path)
+        if value is MISSING or value == AUTO:
             continue
         if ds_path[0] == "optimizer" and OmegaConf.select(cfg, key) is None and key not in cfg.optimizer:
-            continue   # the optimizer group has no such parameter: deepspeed_config names the mismatch
+            continue   # the optimizer group has no such parameter: config.py names the mismatch
         take(key, convert(value), group_picks_it, f"{'.'.join(ds_path)}={json.dumps(value)}")
 
     for precision in ("fp16", "bf16"):
-        enabled = dsc._get(user, (precision, "enabled"))
+        enabled = lookup(user, (precision, "enabled"))
         if enabled is not True:
             continue
-        if precision == "fp16" and not dsc.has_fp16_hardware(cfg):
+        if precision == "fp16" and not has_fp16_hardware(cfg):
             problems.append("fp16.enabled=true cannot run on this machine: DeepSpeed's CPU accelerator has no fp16; "
                             "set it to \"auto\" in the file, or use precision=bf16 with it set to \"auto\"")
         elif cfg.precision.name != precision:
@@ -84,12 +85,14 @@ def adopt(cfg, world_size: int, explicit: set[str]) -> None:
             else:
                 _set_precision(cfg, precision)
 
-    gas = dsc._get(user, ("gradient_accumulation_steps",))
-    t = cfg.trainer
-    if isinstance(gas, int) and not isinstance(gas, bool) and dsc._get(user, ("train_micro_batch_size_per_gpu",)) \
-            in (dsc._MISSING, dsc.AUTO) and not is_explicit("trainer.micro_batch_size", explicit) \
-            and t.global_batch_size % (gas * world_size) == 0:
-        t.micro_batch_size = t.global_batch_size // (gas * world_size)
+    # A fixed accumulation with the micro batch left to us: the micro batch that makes it (where one does;
+    # otherwise config.py names the contradiction).
+    gas = lookup(user, ("gradient_accumulation_steps",))
+    if isinstance(gas, int) and not isinstance(gas, bool) and lookup(user, ("train_micro_batch_size_per_gpu",)) \
+            in (MISSING, AUTO) and not is_explicit("trainer.micro_batch_size", explicit):
+        micro = micro_batch_for(cfg.trainer.global_batch_size, world_size, gas)
+        if micro is not None:
+            OmegaConf.update(cfg, "trainer.micro_batch_size", micro)
 
     scheduler = user.get("scheduler")
     if isinstance(scheduler, dict) and is_explicit("scheduler.name", explicit, group_picks_it=True):

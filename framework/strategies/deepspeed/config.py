@@ -4,7 +4,7 @@
 parallel.*. A user's file (parallel.ds_config) plus parallel.overrides is then laid on top:
 "auto" values are filled from the run, a value that contradicts the run is an error naming
 both, and keys the run does not own (profilers, bucket sizes, ...) pass through. Values fixed in
-the file have already become the run's where the user left our default (deepspeed_adopt.py).
+the file have already become the run's where the user left our default (adopt.py).
 Nothing here imports deepspeed (on CUDA only its list of prebuilt ops): it runs in the launching
 process during validation.
 """
@@ -20,11 +20,10 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.strategies.deepspeed_ops import choose_adam_kernel
-from framework.strategies.deepspeed_options import DeepSpeedOptions
-
-AUTO = "auto"
-_MISSING = object()
+from framework.parallel.batch_layout import BatchLayout, batch_layout
+from framework.strategies.deepspeed.ops import choose_adam_kernel
+from framework.strategies.deepspeed.options import DeepSpeedOptions
+from framework.strategies.deepspeed.values import AUTO, MISSING, autos, deep_merge, lookup, put, same
 
 # parallel.* knobs copied verbatim into zero_optimization.
 ZERO_KNOBS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
@@ -42,9 +41,9 @@ DS_OPTIMIZERS = {
 }
 
 
-def gradient_accumulation(cfg, world_size: int) -> int:
-    t = cfg.trainer
-    return t.global_batch_size // (t.micro_batch_size * world_size)
+def batch(cfg, world_size: int) -> BatchLayout:
+    """DeepSpeed data-parallelises over every rank."""
+    return batch_layout(cfg, dp=world_size)
 
 
 def has_fp16_hardware(cfg) -> bool:
@@ -88,6 +87,7 @@ def _offload(cfg, enabled: bool) -> dict:
 
 def generate(cfg, world_size: int) -> dict:
     t, p, z, precision = cfg.trainer, cfg.parallel, cfg.zero, cfg.precision.name
+    layout = batch(cfg, world_size)
     zero: dict[str, Any] = {"stage": z.stage}
     zero.update({k: p[k] for k in ZERO_KNOBS if p[k] is not None})
     if z.stage >= 1:
@@ -95,9 +95,9 @@ def generate(cfg, world_size: int) -> dict:
     if z.stage == 3:
         zero["offload_param"] = _offload(cfg, z.offload_params)
     ds: dict[str, Any] = {
-        "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation(cfg, world_size),
+        "train_batch_size": layout.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro_batch,
+        "gradient_accumulation_steps": layout.accumulation,
         "gradient_clipping": t.grad_clip,
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", **(fp16_scaling(cfg) if precision == "fp16" else {})},
@@ -141,55 +141,17 @@ def load_user_config(path: str) -> dict:
     return _renamed(data)
 
 
-def deep_merge(base: dict, top: dict, none_deletes: bool = False) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in top.items():
-        if value is None and none_deletes:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value, none_deletes)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _get(d: dict, path: tuple[str, ...]):
-    for key in path:
-        if not isinstance(d, dict) or key not in d:
-            return _MISSING
-        d = d[key]
-    return d
-
-
-def _set(d: dict, path: tuple[str, ...], value) -> None:
-    for key in path[:-1]:
-        d = d.setdefault(key, {})
-    d[path[-1]] = value
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b if isinstance(a, bool) and isinstance(b, bool) else False
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return float(a) == float(b)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, str) and isinstance(b, str):
-        return a.lower() == b.lower()
-    return a == b
-
-
 def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]]:
     """DeepSpeed key -> (the run's value, the run setting it comes from, as the user would type it)."""
-    t, z = cfg.trainer, cfg.zero
-    gas = generated["gradient_accumulation_steps"]
+    t, z, layout = cfg.trainer, cfg.zero, batch(cfg, world_size)
     precision = f"precision={cfg.precision.name}"
     fp16_hint = "" if has_fp16_hardware(cfg) else " (fp16 cannot run on this CPU; precision=bf16 can)"
     owned = {
-        ("train_batch_size",): (t.global_batch_size, f"trainer.global_batch_size={t.global_batch_size}"),
-        ("train_micro_batch_size_per_gpu",): (t.micro_batch_size, f"trainer.micro_batch_size={t.micro_batch_size}"),
-        ("gradient_accumulation_steps",): (gas, f"{gas} = trainer.global_batch_size {t.global_batch_size} / "
-                                                f"(trainer.micro_batch_size {t.micro_batch_size} x {world_size} ranks)"),
+        ("train_batch_size",): (layout.global_batch, f"trainer.global_batch_size={layout.global_batch}"),
+        ("train_micro_batch_size_per_gpu",): (layout.micro_batch, f"trainer.micro_batch_size={layout.micro_batch}"),
+        ("gradient_accumulation_steps",): (layout.accumulation, f"{layout.accumulation} = trainer.global_batch_size "
+                                                                f"{layout.global_batch} / (trainer.micro_batch_size "
+                                                                f"{layout.micro_batch} x {layout.dp} ranks)"),
         ("gradient_clipping",): (t.grad_clip, f"trainer.grad_clip={t.grad_clip}"),
         ("fp16", "enabled"): (cfg.precision.name == "fp16", precision + fp16_hint),
         ("bf16", "enabled"): (cfg.precision.name == "bf16", precision),
@@ -203,9 +165,9 @@ def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]
         owned[("fp16", "loss_scale_window")] = (scaling["loss_scale_window"],
                                                 f"precision.growth_interval={cfg.precision.growth_interval}")
     for key, flag in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
-        device = _get(generated, ("zero_optimization", key, "device"))
+        device = lookup(generated, ("zero_optimization", key, "device"))
         owned[("zero_optimization", key, "device")] = (
-            "none" if device is _MISSING else device, f"zero.{flag}={str(z[flag]).lower()}")
+            "none" if device is MISSING else device, f"zero.{flag}={str(z[flag]).lower()}")
     return owned
 
 
@@ -221,12 +183,12 @@ def _check_optimizer(cfg, user: dict, problems: list[str]) -> None:
                         f"which DeepSpeed does not build; delete the file's optimizer section")
         return
     got_type = section.get("type", AUTO)
-    if got_type != AUTO and not _same(got_type, expected["type"]):
+    if got_type != AUTO and not same(got_type, expected["type"]):
         problems.append(f"optimizer.type={got_type} contradicts optimizer._target_={cfg.optimizer._target_}")
     params = section.get("params", {})
     for key, value in expected["params"].items():
-        got = params.get(key, _MISSING)
-        if got is not _MISSING and got != AUTO and not _same(got, value):
+        got = params.get(key, MISSING)
+        if got is not MISSING and got != AUTO and not same(got, value):
             problems.append(f"optimizer.params.{key}={got} contradicts optimizer.{key}={value}")
     if cfg.parallel.use_deepspeed_optimizer:
         user["optimizer"] = {"type": expected["type"], "params": {**params, **expected["params"]}}
@@ -252,19 +214,11 @@ def _fill_scheduler(cfg, user: dict, problems: list[str]) -> None:
         run["total_num_steps"] = (cfg.trainer.max_steps, "trainer.max_steps")
     params = section.setdefault("params", {})
     for key, (value, setting) in run.items():
-        got = params.get(key, _MISSING)
+        got = params.get(key, MISSING)
         if got == AUTO:
             params[key] = value
-        elif got is not _MISSING and setting and not _same(got, value):
+        elif got is not MISSING and setting and not same(got, value):
             problems.append(f"scheduler.params.{key}={json.dumps(got)} contradicts {setting}={value}")
-
-
-def _autos(d, prefix=()) -> list[tuple[str, ...]]:
-    if d == AUTO:
-        return [prefix]
-    if isinstance(d, dict):
-        return [p for k, v in d.items() for p in _autos(v, (*prefix, k))]
-    return []
 
 
 def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) -> dict:
@@ -272,26 +226,26 @@ def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) ->
     user = copy.deepcopy(user)
     problems: list[str] = []
     for path, (value, setting) in _owned(cfg, world_size, generated).items():
-        got = _get(user, path)
-        if got is _MISSING:
+        got = lookup(user, path)
+        if got is MISSING:
             continue
         if got == AUTO:
-            _set(user, path, value)
-        elif not _same(got, value):
+            put(user, path, value)
+        elif not same(got, value):
             problems.append(f"{'.'.join(path)}={json.dumps(got)} contradicts {setting}")
     defaults, p = _knob_defaults(), cfg.parallel
     knob_paths = {k: ("zero_optimization", k) for k in ZERO_KNOBS}
     knob_paths.update({k: ("fp16", k) for k in FP16_KNOBS})
     for knob, path in knob_paths.items():
-        got = _get(user, path)
+        got = lookup(user, path)
         if got == AUTO:
-            _set(user, path, p[knob] if knob in ZERO_KNOBS or cfg.precision.name == "fp16" else defaults[knob])
-        elif got is not _MISSING and p[knob] != defaults[knob] and not _same(got, p[knob]):
+            put(user, path, p[knob] if knob in ZERO_KNOBS or cfg.precision.name == "fp16" else defaults[knob])
+        elif got is not MISSING and p[knob] != defaults[knob] and not same(got, p[knob]):
             problems.append(f"{'.'.join(path)}={json.dumps(got)} contradicts parallel.{knob}={p[knob]}")
     if "scheduler" in user:
         _fill_scheduler(cfg, user, problems)
     _check_optimizer(cfg, user, problems)
-    problems += [f'{".".join(path)}="auto" has no run setting to fill it; give a value' for path in _autos(user)]
+    problems += [f'{".".join(path)}="auto" has no run setting to fill it; give a value' for path in autos(user)]
     if problems:
         raise ConfigError(source, "; ".join(problems) + ' (set run-owned keys to "auto" or remove them: '
                                                         "the run's config groups are the source of truth)")
@@ -314,7 +268,7 @@ def resolve(cfg, world_size: int) -> dict:
         source = f"parallel.ds_config ({p.ds_config}) with parallel.overrides"
     # A null in parallel.overrides deletes that key of the file (e.g. its scheduler section).
     resolved = reconcile(cfg, world_size, generated, deep_merge(user, overrides, none_deletes=True), source)
-    if _get(resolved, ("fp16", "enabled")) is True and not has_fp16_hardware(cfg):
+    if lookup(resolved, ("fp16", "enabled")) is True and not has_fp16_hardware(cfg):
         raise ConfigError(source, "fp16.enabled=true cannot run here: DeepSpeed's CPU accelerator has no fp16; "
                                   "use precision=bf16 and set fp16.enabled to \"auto\"")
     choose_adam_kernel(cfg, resolved, source)

@@ -1,6 +1,6 @@
 """DeepSpeed: ZeRO stages 0-3 with CPU or NVMe offload, from a DeepSpeed config generated from the run.
 
-The DeepSpeed JSON (deepspeed_config.py) is resolved once from the config groups, checked in the
+The DeepSpeed JSON (config.py) is resolved once from the config groups, checked in the
 launching process, and written to <run dir>/ds_config.json by rank 0. Without CUDA, DeepSpeed runs
 on its CPU accelerator over gloo. deepspeed is imported only inside the workers (it is slow to import).
 """
@@ -17,15 +17,15 @@ from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.host_memory import returning_large_frees
 from framework.metrics.memory import local_bytes
-from framework.parallel.activation_checkpointing import MODES as AC_MODES, checkpoint_activations
-from framework.strategies import deepspeed_config as dsc
-from framework.strategies.deepspeed_ops import skip_inference_comm_op
-from framework.strategies.deepspeed_options import DeepSpeedOptions
-from framework.world import OPEN_CPU_WORKERS
-from framework.strategies.base import Strategy
+from framework.parallel.activation_checkpointing import MODES as AC_MODES
+from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.precision import compute_dtype
-
-
+from framework.strategies.base import Strategy
+from framework.strategies.deepspeed import config as dsc
+from framework.strategies.deepspeed.adopt import adopt
+from framework.strategies.deepspeed.ops import skip_inference_comm_op
+from framework.strategies.deepspeed.options import DeepSpeedOptions
+from framework.world import OPEN_CPU_WORKERS
 
 
 def _use_cpu_accelerator() -> None:
@@ -60,7 +60,6 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
-        from framework.strategies.deepspeed_adopt import adopt
         adopt(cfg, world_size, explicit)
 
     @classmethod
@@ -105,9 +104,6 @@ class DeepSpeedStrategy(Strategy):
         for knob in ("reduce_bucket_size", "allgather_bucket_size", "sub_group_size"):
             if p[knob] <= 0:
                 raise ConfigError(f"parallel.{knob}", f"must be positive, got {p[knob]}")
-        t = cfg.trainer
-        if t.global_batch_size % (t.micro_batch_size * world_size):
-            return  # validate_batch names the numbers
         dsc.resolve(cfg, world_size)
 
     # ---- inside a worker ----------------------------------------------------------------
@@ -128,13 +124,17 @@ class DeepSpeedStrategy(Strategy):
         self.ds_config = dsc.resolve(self.cfg, self.world_size)
         if self.is_main and self.run_dir:
             dsc.write(self.ds_config, self.run_dir)
-        model = self._build_model(model_factory)
-        checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
-        groups = build_optimizer.param_groups(model.parameters())
-        optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
-        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
-            lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
+
+        def engine(model):
+            groups = build_optimizer.param_groups(model.parameters())
+            optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
+            return deepspeed.initialize(
+                model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,
+                lr_scheduler=None if "scheduler" in self.ds_config else build_scheduler, config=self.ds_config)
+
+        # trainer.compile is refused here (compile_note): the build order's compile step does nothing
+        self.engine, self.optimizer, _, self.scheduler = checkpoint_compile_wrap(
+            self._build_model(model_factory), self.cfg, model_factory.spec, engine)
         self.model = self.engine
         self.dtype = compute_dtype(self.cfg.precision.name)
 
