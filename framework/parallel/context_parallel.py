@@ -1,0 +1,138 @@
+"""Context parallelism: each of cp ranks holds a load-balanced share of every sequence.
+
+Sharding: a sequence is cut into 2 x cp equal chunks; rank r holds chunks r and 2cp-1-r, so under a
+causal mask every rank attends over the same number of (query, key) pairs. Inputs and labels are
+sharded alike (the labels are already shifted), and the shard's global positions are held in
+framework.models.positions for RoPE and learned position embeddings.
+
+Attention: within a step, every causal scaled_dot_product_attention call gathers the keys and values
+of the whole sequence from the cp group (the backward sums their gradients back to their owners) and
+masks by global position. This runs on any backend, gloo included. torch's own context-parallel SDPA
+(torch.distributed.tensor.experimental.context_parallel) handles only the CUDA kernels (flash,
+efficient, cuDNN), so it is not used here.
+
+Loss: every rank holds seq_len / cp tokens of each sequence, so the mean over ranks of their local
+mean losses is the loss of the unsplit sequence; gradients follow from FSDP's mean over dp x cp.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from framework.errors import ConfigError
+from framework.models.positions import holding
+
+
+def shard_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
+    """The global positions rank `rank` of `cp` holds, in the order it holds them."""
+    chunk = seq_len // (2 * cp)
+    first, second = rank, 2 * cp - 1 - rank
+    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk),
+                      torch.arange(second * chunk, (second + 1) * chunk)])
+
+
+def gathered_positions(seq_len: int, cp: int) -> torch.Tensor:
+    """The global positions of the rank-ordered concatenation of every rank's shard."""
+    return torch.cat([shard_positions(seq_len, cp, r) for r in range(cp)])
+
+
+def shard(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank `rank`'s share of `x` along the sequence dim `dim`."""
+    return x.index_select(dim, shard_positions(x.shape[dim], cp, rank).to(x.device))
+
+
+def unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The inverse of shard: every rank's share (in rank order) back in sequence order."""
+    joined = torch.cat(shards, dim)
+    order = torch.argsort(gathered_positions(joined.shape[dim], len(shards))).to(joined.device)
+    return joined.index_select(dim, order)
+
+
+def masked_attention(q, k, v, q_positions, kv_positions, **kwargs) -> torch.Tensor:
+    """Causal attention of queries at q_positions over keys/values at kv_positions (any order)."""
+    mask = q_positions.to(q.device)[:, None] >= kv_positions.to(q.device)[None, :]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along dim 2 (batch, heads, seq, head_dim) in rank order; the backward sums the
+    gradients of every rank's copy and keeps this rank's slice (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group, ctx.rank, ctx.size = group, dist.get_rank(group), dist.get_world_size(group)
+        parts = [torch.empty_like(x) for _ in range(ctx.size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        if dist.get_backend(ctx.group) == "nccl":
+            chunks = list(grad.chunk(ctx.size, dim=2))
+            out = torch.empty_like(chunks[ctx.rank])
+            dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=ctx.group)
+            return out, None
+        dist.all_reduce(grad, group=ctx.group)      # gloo has no reduce-scatter of this shape
+        return grad.chunk(ctx.size, dim=2)[ctx.rank].contiguous(), None
+
+
+class GatheredAttention(TorchFunctionMode):
+    """Routes causal scaled_dot_product_attention through masked_attention over the keys and values that
+    `gather` returns for the whole sequence (positions `all_positions`; one process: the identity)."""
+
+    def __init__(self, gather, positions: torch.Tensor, all_positions: torch.Tensor):
+        super().__init__()
+        self.gather, self.positions, self.all_positions = gather, positions, all_positions
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is not F.scaled_dot_product_attention or not kwargs.get("is_causal"):
+            return func(*args, **kwargs)
+        q, k, v = args[:3]
+        if q.device.type == "meta":     # pipeline shape inference: no data, no collectives
+            return func(*args, **kwargs)
+        kwargs.pop("is_causal")
+        k, v = self.gather(k), self.gather(v)
+        return masked_attention(q, k, v, self.positions, self.all_positions, **kwargs)
+
+
+class ContextParallel:
+    """One rank's view of its cp group: shards batches and holds the attention and positions for a step."""
+
+    def __init__(self, group, seq_len: int):
+        self.group = group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.positions = shard_positions(seq_len, self.size, self.rank)
+        self.all_positions = gathered_positions(seq_len, self.size)
+
+    def shard_batch(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(shard(t, self.size, self.rank, dim=1) for t in tensors)
+
+    @contextlib.contextmanager
+    def step(self):
+        """Forward and backward of a step (recomputation included) run inside this."""
+        gather = lambda t: _GatherSequence.apply(t, self.group)     # noqa: E731
+        with holding(self.positions), GatheredAttention(gather, self.positions, self.all_positions):
+            yield
+
+
+def check_context_parallel(cfg, cp: int, tp: int) -> None:
+    """The rules parallel.cp puts on the sequence length (one line, before any worker starts)."""
+    if cp < 1:
+        raise ConfigError("parallel.cp", f"must be a positive degree, got {cp}")
+    if cp == 1:
+        return
+    seq_len = cfg.data.seq_len
+    if seq_len % (2 * cp):
+        raise ConfigError("parallel.cp", f"data.seq_len={seq_len} does not split into 2 x cp = {2 * cp} equal "
+                                         f"chunks (each rank holds two, from opposite ends); use a seq_len "
+                                         f"divisible by {2 * cp} or another cp")
+    if cfg.parallel.sequence_parallel and (seq_len // cp) % tp:
+        raise ConfigError("parallel.cp", f"sequence parallelism splits a cp rank's {seq_len // cp} positions "
+                                         f"(data.seq_len {seq_len} / cp {cp}) among parallel.tp={tp} ranks: not "
+                                         f"divisible; use a seq_len divisible by cp x tp = {cp * tp}")
