@@ -8,8 +8,8 @@ from framework.loss import cross_entropy
 from framework.models.gpt2.model import GPT2, init_parameter as gpt2_init_parameter
 from framework.models.llama import Llama, init_weights as llama_init
 from framework.models.positions import holding
-from framework.parallel.context_parallel import (GatheredAttention, gathered_positions, masked_attention, shard,
-                                                 shard_positions, unshard)
+from framework.parallel.context_parallel import (GatheredAttention, chunked_causal_attention, gathered_positions,
+                                                 shard, shard_positions, unshard)
 
 CP = (1, 2, 4)
 
@@ -42,11 +42,10 @@ def test_per_rank_attention_equals_unsplit_forward_and_backward(cp):
     seq = 8 * cp
     q, k, v = (torch.randn(2, 4, seq, 8, requires_grad=True) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    # each rank: its own queries over every rank's keys/values, gathered in rank order
-    k_all = torch.cat([shard(k, cp, r, dim=2) for r in range(cp)], dim=2)
-    v_all = torch.cat([shard(v, cp, r, dim=2) for r in range(cp)], dim=2)
-    outs = [masked_attention(shard(q, cp, r, dim=2), k_all, v_all, shard_positions(seq, cp, r),
-                             gathered_positions(seq, cp)) for r in range(cp)]
+    # each rank: its own queries over every rank's keys/values, gathered in rank order and put back in order
+    k_all, v_all = (unshard([shard(t, cp, r, dim=2) for r in range(cp)], dim=2) for t in (k, v))
+    outs = [chunked_causal_attention(shard(q, cp, r, dim=2), k_all, v_all, shard_positions(seq, cp, r),
+                                     seq // (2 * cp)) for r in range(cp)]
     split = unshard(outs, dim=2)
     torch.testing.assert_close(split, full, atol=1e-6, rtol=0)
     weights = torch.randn_like(full)
@@ -79,7 +78,7 @@ def test_model_over_simulated_ranks_equals_unsplit_logits_and_loss(build, cp):
     full = model(tokens)
     all_positions = gathered_positions(seq, cp)
     joined = torch.cat([shard(tokens, cp, r) for r in range(cp)], dim=1)
-    with holding(all_positions), GatheredAttention(lambda t: t, all_positions, all_positions):
+    with holding(all_positions), GatheredAttention(lambda t: t, all_positions, all_positions, seq // (2 * cp)):
         logits = model(joined)
     per_rank = list(logits.chunk(cp, dim=1))
     torch.testing.assert_close(unshard(per_rank), full, atol=1e-6, rtol=0)
@@ -91,6 +90,6 @@ def test_positions_are_plain_outside_a_shard():
     model = _llama()
     tokens = torch.randint(0, 64, (1, 12))
     shuffled = torch.randperm(12)
-    with holding(shuffled), GatheredAttention(lambda t: t, shuffled, shuffled):
+    with holding(shuffled), GatheredAttention(lambda t: t, shuffled, shuffled, chunk=1):
         permuted = model(tokens[:, shuffled])
     torch.testing.assert_close(permuted, model(tokens)[:, shuffled], atol=1e-6, rtol=0)

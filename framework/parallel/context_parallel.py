@@ -6,8 +6,9 @@ sharded alike (the labels are already shifted), and the shard's global positions
 framework.models.positions for RoPE and learned position embeddings.
 
 Attention: within a step, every causal scaled_dot_product_attention call gathers the keys and values
-of the whole sequence from the cp group (the backward sums their gradients back to their owners) and
-masks by global position. This runs on any backend, gloo included. torch's own context-parallel SDPA
+of the whole sequence from the cp group (the backward sums their gradients back to their owners); each
+of the rank's query chunks then attends to the keys up to its own end, causal aligned lower-right
+(torch's CausalBias: no mask tensor on CUDA's kernels). This runs on any backend, gloo included. torch's own context-parallel SDPA
 (torch.distributed.tensor.experimental.context_parallel) handles only the CUDA kernels (flash,
 efficient, cuDNN), so it is not used here.
 
@@ -21,6 +22,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from torch.overrides import TorchFunctionMode
 
 from framework.errors import ConfigError
@@ -52,10 +54,15 @@ def unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     return joined.index_select(dim, order)
 
 
-def masked_attention(q, k, v, q_positions, kv_positions, **kwargs) -> torch.Tensor:
-    """Causal attention of queries at q_positions over keys/values at kv_positions (any order)."""
-    mask = q_positions.to(q.device)[:, None] >= kv_positions.to(q.device)[None, :]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+def chunked_causal_attention(q, k, v, q_positions: torch.Tensor, chunk: int, **kwargs) -> torch.Tensor:
+    """Causal attention of queries (batch, heads, seq, dim) at q_positions, which run in whole chunks of
+    `chunk` consecutive positions, over keys/values of the whole sequence in position order."""
+    outs = []
+    for i, part in enumerate(q.split(chunk, dim=2)):
+        end = int(q_positions[i * chunk]) + part.shape[2]
+        outs.append(F.scaled_dot_product_attention(part, k[:, :, :end], v[:, :, :end],
+                                                   attn_mask=causal_lower_right(part.shape[2], end), **kwargs))
+    return torch.cat(outs, dim=2)
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -82,12 +89,14 @@ class _GatherSequence(torch.autograd.Function):
 
 
 class GatheredAttention(TorchFunctionMode):
-    """Routes causal scaled_dot_product_attention through masked_attention over the keys and values that
-    `gather` returns for the whole sequence (positions `all_positions`; one process: the identity)."""
+    """Routes causal scaled_dot_product_attention through chunked_causal_attention over the keys and
+    values that `gather` returns for the whole sequence (held at `all_positions`; one process: the
+    identity) put back in position order."""
 
-    def __init__(self, gather, positions: torch.Tensor, all_positions: torch.Tensor):
+    def __init__(self, gather, positions: torch.Tensor, all_positions: torch.Tensor, chunk: int):
         super().__init__()
-        self.gather, self.positions, self.all_positions = gather, positions, all_positions
+        self.gather, self.positions, self.chunk = gather, positions, chunk
+        self.order = torch.argsort(all_positions)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -97,8 +106,9 @@ class GatheredAttention(TorchFunctionMode):
         if q.device.type == "meta":     # pipeline shape inference: no data, no collectives
             return func(*args, **kwargs)
         kwargs.pop("is_causal")
-        k, v = self.gather(k), self.gather(v)
-        return masked_attention(q, k, v, self.positions, self.all_positions, **kwargs)
+        order = self.order.to(q.device)
+        k, v = (self.gather(t).index_select(2, order) for t in (k, v))
+        return chunked_causal_attention(q, k, v, self.positions, self.chunk, **kwargs)
 
 
 class ContextParallel:
@@ -109,6 +119,7 @@ class ContextParallel:
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.positions = shard_positions(seq_len, self.size, self.rank)
         self.all_positions = gathered_positions(seq_len, self.size)
+        self.chunk = seq_len // (2 * self.size)
 
     def shard_batch(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(shard(t, self.size, self.rank, dim=1) for t in tensors)
@@ -117,7 +128,7 @@ class ContextParallel:
     def step(self):
         """Forward and backward of a step (recomputation included) run inside this."""
         gather = lambda t: _GatherSequence.apply(t, self.group)     # noqa: E731
-        with holding(self.positions), GatheredAttention(gather, self.positions, self.all_positions):
+        with holding(self.positions), GatheredAttention(gather, self.positions, self.all_positions, self.chunk):
             yield
 
 
