@@ -66,26 +66,24 @@ def chunked_causal_attention(q, k, v, q_positions: torch.Tensor, chunk: int, **k
 
 
 class _GatherSequence(torch.autograd.Function):
-    """All-gather along dim 2 (batch, heads, seq, head_dim) in rank order; the backward sums the
-    gradients of every rank's copy and keeps this rank's slice (a reduce-scatter)."""
+    """All-gather along dim 2 (batch, heads, seq, head_dim) in rank order; the backward reduce-scatters
+    the gradients of every rank's copy back to their owner. (Both collectives work on dim 0: the
+    sequence dim is moved there and back.)"""
 
     @staticmethod
     def forward(ctx, x, group):
-        ctx.group, ctx.rank, ctx.size = group, dist.get_rank(group), dist.get_world_size(group)
-        parts = [torch.empty_like(x) for _ in range(ctx.size)]
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=2)
+        ctx.group, size = group, dist.get_world_size(group)
+        local = x.movedim(2, 0).contiguous()
+        out = local.new_empty((size * local.shape[0], *local.shape[1:]))
+        dist.all_gather_into_tensor(out, local, group=group)
+        return out.movedim(0, 2)
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous()
-        if dist.get_backend(ctx.group) == "nccl":
-            chunks = list(grad.chunk(ctx.size, dim=2))
-            out = torch.empty_like(chunks[ctx.rank])
-            dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=ctx.group)
-            return out, None
-        dist.all_reduce(grad, group=ctx.group)      # gloo has no reduce-scatter of this shape
-        return grad.chunk(ctx.size, dim=2)[ctx.rank].contiguous(), None
+        grad = grad.movedim(2, 0).contiguous()
+        out = grad.new_empty((grad.shape[0] // dist.get_world_size(ctx.group), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad, group=ctx.group)
+        return out.movedim(0, 2), None
 
 
 class GatheredAttention(TorchFunctionMode):
@@ -139,6 +137,10 @@ def check_context_parallel(cfg, cp: int, tp: int) -> None:
     if cp == 1:
         return
     seq_len = cfg.data.seq_len
+    if cfg.trainer.sample_every:
+        raise ConfigError("trainer.sample_every", f"a text sample reads the logits of one position, which "
+                                                  f"parallel.cp={cp} splits across ranks; set "
+                                                  f"trainer.sample_every=0 or parallel.cp=1")
     if seq_len % (2 * cp):
         raise ConfigError("parallel.cp", f"data.seq_len={seq_len} does not split into 2 x cp = {2 * cp} equal "
                                          f"chunks (each rank holds two, from opposite ends); use a seq_len "
