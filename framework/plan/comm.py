@@ -87,7 +87,8 @@ def fsdp_passes(layout: Layout) -> tuple[int, int]:
     mb = layout.accumulation
     if layout.pp > 1:
         return (mb + 1 if layout.zero == 3 else 1), 1
-    return (2 if layout.zero == 3 else 1) * mb, mb
+    # parallel=3d turns gradient sync off but for the last micro-batch (fsdp reduces every one)
+    return (2 if layout.zero == 3 else 1) * mb, 1 if layout.strategy == "3d" else mb
 
 
 def block_of(name: str) -> str | None:
