@@ -4,7 +4,8 @@ llama and gpt2; a cp2 checkpoint resumes exactly as cp2 and, resharded, as one p
 made once per module and shared by the assertions that read it."""
 import pytest
 
-from tests.helpers import FAST, check_ok, max_rel_diff, read_metrics, run_framework
+from tests.helpers import (FAST, assert_planned_activations, assert_planned_comm, check_ok, counters_env, max_rel_diff,
+                           read_metrics, run_framework)
 
 TOL = 1e-4
 EXACT = 1e-6
@@ -26,6 +27,9 @@ RUNS = {
     "gpt2_single": ["model=gpt2_tiny", "parallel=single"],
     "gpt2_cp2": ["model=gpt2_tiny", *cp()],
 }
+# runs whose collectives and saved activations are counted (tests/fixtures/counters) against the planner
+# (not cp2: its checkpoint saves broadcast too)
+COUNTED = ("cp2_tp2_sequence_parallel", "cp2_pp2", "cp2_dp2_zero3")
 REFERENCE = {name: "gpt2_single" if name.startswith("gpt2") else "single" for name in RUNS}
 
 
@@ -38,7 +42,8 @@ def run(tmp_path_factory):
         key = (name, *extra)
         if key not in done:
             run_dir = tmp_path_factory.mktemp(name)
-            check_ok(run_framework([*FAST, *STEPS, *RUNS[name], *extra], run_dir))
+            counters = counters_env(run_dir) if name in COUNTED and not extra else None
+            check_ok(run_framework([*FAST, *STEPS, *RUNS[name], *extra], run_dir, env=counters))
             done[key] = run_dir
         return done[key]
     return get
@@ -54,6 +59,15 @@ def test_layout_matches_single_loss_and_grad_norm(run, name):
         ref, got = _curve(run(REFERENCE[name]), key), _curve(run(name), key)
         assert len(got) == 4
         assert max_rel_diff(ref, got) <= TOL, key
+
+
+@pytest.mark.parametrize("name", COUNTED)
+def test_planned_communication_and_activations_are_what_the_job_did(run, name):
+    """The planner's key/value gathers and their gradients' reduce-scatters (cp/...), FSDP over dp_shard x cp,
+    tp and pp traffic at seq_len / cp tokens, and a rank's activations (its share plus the gathered keys
+    and values), against the collectives counted and the bytes autograd kept in the same runs."""
+    assert_planned_comm(run(name))
+    assert_planned_activations(run(name))
 
 
 @pytest.mark.parametrize("resumed_as", [RUNS["cp2"], RUNS["single"]], ids=["cp2", "cp1_single"])
@@ -73,6 +87,7 @@ BAD = {
                                  "data.seq_len=36", "model.n_heads=8", "model.n_kv_heads=4"], "parallel.cp",
                                 "a cp rank's 18 positions (data.seq_len 36 / cp 2) among parallel.tp=4"),
     "zero_degree": (["parallel.cp=0"], "parallel.cp", "must be a positive degree, got 0"),
+    "text_samples": (["parallel.cp=2", "trainer.sample_every=2"], "trainer.sample_every", "set trainer.sample_every=0"),
     "world_size_product": (["parallel.cp=2", "parallel.tp=2", "launcher.nproc_per_node=2"], "parallel",
                            "cp=2 x tp=2 = 4 processes, but the world size is 2"),
 }
@@ -104,3 +119,44 @@ def test_bad_cp_is_one_line_exit_2(tmp_path, args, fragment):
     assert len(lines) == 1 and lines[0].startswith("error: parallel.cp: "), proc.stderr
     assert fragment in lines[0]
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def _plan(compose_config, *args, world):
+    from framework.config.validate import validate
+    from framework.plan.hardware import device_named
+    from framework.plan.planner import make_plan
+    from framework.strategies.registry import strategy_class
+    cfg = compose_config(["model=small", "data=synthetic", "precision=bf16", "trainer.eval_every=0",
+                          "trainer.global_batch_size=8", "trainer.micro_batch_size=1", *args])
+    validate(cfg, world, strategy_class(cfg.parallel.name))
+    return cfg, make_plan(cfg, world, device_named("h100"), 8)
+
+
+def test_plan_divides_a_ranks_sequence_and_counts_the_key_value_traffic(compose_config):
+    """Against the same sequence over dp: a cp rank's activations are its 1/cp share plus the keys and
+    values of the rest, and it moves those keys/values once per block forward and backward."""
+    seq = ["data.seq_len=4096", "model.max_seq_len=4096"]
+    _, dp = _plan(compose_config, "parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=4",
+                  "zero=stage3", *seq, world=4)
+    cfg, cp = _plan(compose_config, "parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=1",
+                    "parallel.cp=4", "zero=stage3", *seq, world=4)
+    from framework.plan.planner import _gathered_kv_bytes, _kv_dim
+    kv = _gathered_kv_bytes(cfg, cp.layout, cfg.model.n_layers)
+    assert kv == cfg.model.n_layers * 2 * 4096 * 3 // 4 * _kv_dim(cfg) * 2
+    per_seq = dp.per_rank_bytes["activations"]   # dp: one whole sequence per micro-batch
+    assert abs(cp.per_rank_bytes["activations"] - kv - per_seq / 4) <= 0.1 * per_seq / 4
+    comm = cp.comm_bytes_per_step
+    # every cp rank takes the whole global batch (dp = 1); per sequence and block: keys and values of all
+    # 4096 positions, bf16
+    per_step = cfg.trainer.global_batch_size * cfg.model.n_layers * 2 * 4096 * _kv_dim(cfg) * 2
+    assert comm["cp/all_gather"] == comm["cp/reduce_scatter"] == per_step
+    assert cp.time_s["cp"] > 0 and "cp" not in dp.time_s or dp.time_s["cp"] == 0
+
+
+def test_auto_tries_cp_for_long_sequences_only(compose_config):
+    from framework.plan.auto import candidates
+    def cps(seq_len):
+        cfg = compose_config(["model=small", f"data.seq_len={seq_len}", "trainer.global_batch_size=8"])
+        return {dict(c.parallel).get("cp", 1) for c in candidates(cfg, 8, 8, ["3d"])}
+    assert cps(1024) == {1}
+    assert cps(16384) == {1, 2, 4, 8}
