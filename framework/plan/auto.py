@@ -170,7 +170,7 @@ def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[C
 def simplicity(cand: Candidate) -> tuple:
     """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
     parallel = dict(cand.parallel)
-    ways = parallel.get("tp", 1) * parallel.get("pp", 1)
+    ways = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
     return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, ("none", "selective", "full").index(cand.ac)
 
 
@@ -190,6 +190,7 @@ def _why(ranked: list[tuple[Candidate, Plan]]) -> str:
     reason = {"compute": "less compute time (fewer micro-batches, less recomputation, smaller bubble)",
               "optimizer": "a shorter optimizer step (its states sharded over more ranks)",
               "tp": "less tensor-parallel traffic", "pp": "less pipeline traffic",
+              "cp": "less context-parallel key/value traffic",
               "dp": "less exposed data-parallel traffic", "offload": "less offload traffic"}[key]
     return f"{(second.step_time_s / best.step_time_s - 1):.1%} faster than the next: {reason}"
 
