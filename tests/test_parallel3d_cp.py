@@ -26,11 +26,12 @@ RUNS = {
     "cp2_dp2_zero3": [*cp(dp_shard=2), "zero=stage3"],
     "gpt2_single": ["model=gpt2_tiny", "parallel=single"],
     "gpt2_cp2": ["model=gpt2_tiny", *cp()],
+    "fsdp_x2": ["parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=2"],    # resumes cp2's checkpoint
 }
 # runs whose collectives and saved activations are counted (tests/fixtures/counters) against the planner
 # (not cp2: its checkpoint saves broadcast too)
 COUNTED = ("cp2_tp2_sequence_parallel", "cp2_pp2", "cp2_dp2_zero3")
-REFERENCE = {name: "gpt2_single" if name.startswith("gpt2") else "single" for name in RUNS}
+REFERENCE = {name: "gpt2_single" if name.startswith("gpt2") else "single" for name in RUNS if name != "fsdp_x2"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def _curve(run_dir, key="loss"):
     return [r[key] for r in read_metrics(run_dir)]
 
 
-@pytest.mark.parametrize("name", [n for n in RUNS if REFERENCE[n] != n])
+@pytest.mark.parametrize("name", [n for n in REFERENCE if REFERENCE[n] != n])
 def test_layout_matches_single_loss_and_grad_norm(run, name):
     for key in ("loss", "grad_norm"):
         ref, got = _curve(run(REFERENCE[name]), key), _curve(run(name), key)
@@ -71,12 +72,12 @@ def test_planned_communication_and_activations_are_what_the_job_did(run, name):
         assert_planned_activations(run(name))
 
 
-@pytest.mark.parametrize("resumed_as", [RUNS["cp2"], RUNS["single"]], ids=["cp2", "cp1_single"])
-def test_cp2_checkpoint_resumes(run, resumed_as):
-    """cp2 from its step-2 checkpoint redoes steps 3-4 exactly; one process (cp1) continues the curve."""
+@pytest.mark.parametrize("name", ["cp2", "single", "fsdp_x2"], ids=["cp2", "cp1_single", "fsdp_x2"])
+def test_cp2_checkpoint_resumes(run, name):
+    """cp2 from its step-2 checkpoint redoes steps 3-4 exactly; one process (cp1) and fsdp over two
+    ranks continue the curve."""
     reference = run("cp2")
     step_2 = reference / "checkpoints" / "step_00000002"
-    name = "cp2" if resumed_as == RUNS["cp2"] else "single"
     got = _curve(run(name, f"checkpoint.resume={step_2}"))
     assert len(got) == 2
     assert max_rel_diff(_curve(reference)[2:], got) <= (EXACT if name == "cp2" else TOL)
