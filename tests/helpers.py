@@ -116,10 +116,11 @@ def counted(run_dir: Path) -> dict[int, list[dict]]:
 
 def _mesh_dim(layout, ranks: list[int]) -> str:
     """The mesh dimension a group spans, from its ranks (mesh dims outermost first: pp, dp_replicate,
-    dp_shard, tp; DDP and DeepSpeed groups are the data-parallel world)."""
+    dp_shard, cp, tp; DDP and DeepSpeed groups are the data-parallel world)."""
     if layout.strategy in ("ddp", "deepspeed", "single"):
         return "dp"
-    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "tp": layout.tp}
+    sizes = {"pp": layout.pp, "dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "cp": layout.cp,
+             "tp": layout.tp}
 
     def coords(rank):
         out = {}
@@ -129,6 +130,8 @@ def _mesh_dim(layout, ranks: list[int]) -> str:
     varying = [d for d in sizes if len({coords(r)[d] for r in ranks}) > 1]
     if set(varying) == {"dp_replicate", "dp_shard"}:
         return "dp"
+    if set(varying) == {"dp_shard", "cp"}:
+        return "dp_shard_cp"
     return "+".join(varying) or "self"
 
 
@@ -143,7 +146,7 @@ def comm_by_rank(run_dir: Path) -> dict[int, tuple[dict, dict]]:
 
     from framework.plan.comm import comm_bytes
     from framework.plan.layout import layout_of
-    from framework.plan.planner import _model_dims, holds_head
+    from framework.plan.planner import _kv_dim, _model_dims, holds_head
     from framework.plan.shapes import rank_parameters
     cfg = OmegaConf.load(Path(run_dir) / "config.yaml")
     layout = layout_of(cfg, read_metrics(run_dir)[-1]["world_size"])
@@ -160,7 +163,11 @@ def comm_by_rank(run_dir: Path) -> dict[int, tuple[dict, dict]]:
                 got[name] = got.get(name, 0) + nbytes / len(later)
         pp_rank = _pp_rank(layout, rank)
         planned = comm_bytes(layout, rank_parameters(cfg, layout, pp_rank), hidden, vocab, n_layers,
-                             last_stage=holds_head(layout, pp_rank))
+                             last_stage=holds_head(layout, pp_rank), kv_dim=_kv_dim(cfg))
+        if layout.cp > 1 and layout.dp_shard == 1:     # FSDP's group is the cp group: one counter for both
+            for key in [k for k in planned if k.startswith("dp_shard_cp/")]:
+                cp_key = "cp/" + key.split("/")[1]
+                planned[cp_key] = planned.get(cp_key, 0) + planned.pop(key)
         out[rank] = (planned, got)
     assert len(out) == layout.world, f"counters from {sorted(out)} of {layout.world} ranks"
     return out

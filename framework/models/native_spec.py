@@ -29,6 +29,7 @@ def stage_with_layers(model: nn.Module, stage_index: int, num_stages: int) -> nn
 class NativeDecoderSpec(ModelSpec):
     init_by_name = True
     supports_pipeline = True
+    context_parallel = True
     has_hf_layout = True
     args_class: type                 # a dataclass: n_layers, init_std, num_params(), flops_per_token(seq_len)
     block_class: type

@@ -44,6 +44,9 @@ class ModelSpec:
     #: True where init_parameter fills any parameter from (seed, name): sharded layouts then build on
     #: the meta device and each rank materialises only its own shards
     init_by_name = False
+    #: True where the model takes its token positions from framework.models.positions and attends through
+    #: causal scaled_dot_product_attention: context parallelism can then split its sequences
+    context_parallel = False
 
     def config_schema(self) -> Optional[type]:
         """The dataclass that types `model.*` (stored as schema/model/<name> for the yaml files)."""

@@ -20,6 +20,9 @@ SCHEDULES = ("1F1B", "Interleaved1F1B")
 # slower than DDP that the plan put 0.1-1.8% apart (benchmarks/plan_auto_pick.py).
 TIE = 0.02
 SIMPLER = ("single", "ddp", "fsdp", "3d", "deepspeed")
+# Sequences at least this long also try context parallelism (cp > 1) in parallel=3d: below it one rank's
+# activations are rarely what does not fit, and the key/value gathers cost more than they save.
+LONG_SEQUENCE = 16384
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Candidate:
         p = dict(self.parallel)
         keep = []
         for key, value in self.parallel:
-            if key in ("dp_replicate",) and value == 1 or key == "pp_virtual_stages" and value == 1 \
+            if key in ("dp_replicate", "cp") and value == 1 or key == "pp_virtual_stages" and value == 1 \
                     or key == "pp_schedule" and p.get("pp", 1) == 1 or key == "sequence_parallel" and not value \
                     or key == "dp_shard" and self.strategy == "fsdp" and p.get("dp_replicate", 1) == 1:
                 continue
@@ -102,21 +105,26 @@ def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Ca
             for zero in (2, 3):
                 add("deepspeed", zero, [], world, offload=True)
         if "3d" in strategies and spec.init_by_name:
+            seq_len = cfg.data.seq_len
+            long = spec.context_parallel and seq_len >= LONG_SEQUENCE
             for tp in _divisors(min(world, per_node)):
-                for pp in _divisors(world // tp):
-                    if tp == pp == 1 or (pp > 1 and layers % pp):
+                for cp in (_divisors(min(world, per_node) // tp) if long else [1]):
+                    if cp > 1 and seq_len % (2 * cp):
                         continue
-                    dp = world // (tp * pp)
-                    schedules = [("1F1B", 1)]
-                    if pp > 1 and layers % (2 * pp) == 0:
-                        schedules.append(("Interleaved1F1B", 2))
-                    for schedule, virtual in schedules:
-                        for sp in ((False, True) if tp > 1 else (False,)):
-                            for zero in ((3,) if dp > 1 else (0,)):
-                                parallel = [("tp", tp), ("pp", pp), ("dp_replicate", 1), ("dp_shard", dp),
-                                            ("pp_schedule", schedule), ("pp_virtual_stages", virtual),
-                                            ("sequence_parallel", sp)]
-                                add("3d", zero, parallel, dp)
+                    for pp in _divisors(world // (tp * cp)):
+                        if tp == pp == cp == 1 or (pp > 1 and layers % pp):
+                            continue
+                        dp = world // (tp * cp * pp)
+                        schedules = [("1F1B", 1)]
+                        if pp > 1 and layers % (2 * pp) == 0:
+                            schedules.append(("Interleaved1F1B", 2))
+                        for schedule, virtual in schedules:
+                            for sp in ((False, True) if tp > 1 else (False,)):
+                                for zero in ((3,) if dp * cp > 1 else (0,)):
+                                    parallel = [("tp", tp), ("pp", pp), ("dp_replicate", 1), ("dp_shard", dp),
+                                                ("cp", cp), ("pp_schedule", schedule),
+                                                ("pp_virtual_stages", virtual), ("sequence_parallel", sp)]
+                                    add("3d", zero, parallel, dp)
     return out
 
 
@@ -165,7 +173,7 @@ def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[C
 def simplicity(cand: Candidate) -> tuple:
     """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
     parallel = dict(cand.parallel)
-    ways = parallel.get("tp", 1) * parallel.get("pp", 1)
+    ways = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
     return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, ("none", "selective", "full").index(cand.ac)
 
 
@@ -185,6 +193,7 @@ def _why(ranked: list[tuple[Candidate, Plan]]) -> str:
     reason = {"compute": "less compute time (fewer micro-batches, less recomputation, smaller bubble)",
               "optimizer": "a shorter optimizer step (its states sharded over more ranks)",
               "tp": "less tensor-parallel traffic", "pp": "less pipeline traffic",
+              "cp": "less context-parallel key/value traffic",
               "dp": "less exposed data-parallel traffic", "offload": "less offload traffic"}[key]
     return f"{(second.step_time_s / best.step_time_s - 1):.1%} faster than the next: {reason}"
 

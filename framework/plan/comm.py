@@ -13,6 +13,11 @@ column-parallel linear's replicated input gets its gradient all-reduced in backw
 their own); the backward of a sequence-parallel reduce-scatter is an all-gather. The vocabulary-
 sharded embedding and head add one such reduction each (an all-reduce, or with sequence parallelism
 a reduce-scatter and an all-gather) and the head gathers the logits.
+
+Context parallelism (cp) adds FSDP2's sharding over dp_shard x cp ("dp_shard_cp/") and, per block and
+forward, an all-gather of the keys and of the values of the whole sequence ("cp/all_gather": each
+rank's output is the sequence's), whose backward reduces the gradients of the same size
+("cp/reduce_scatter"); tensor- and pipeline-parallel traffic carries a rank's seq_len / cp tokens.
 """
 from __future__ import annotations
 
@@ -23,13 +28,14 @@ REDUCE_BYTES = 4        # gradients are reduced in fp32 unless a policy says oth
 
 
 def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int, n_layers: int,
-               reduce_bytes: int = REDUCE_BYTES, last_stage: bool = True) -> dict[str, int]:
-    """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head."""
+               reduce_bytes: int = REDUCE_BYTES, last_stage: bool = True, kv_dim: int = 0) -> dict[str, int]:
+    """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head;
+    KV_DIM: the width of the keys (= of the values), all heads."""
     out: dict[str, int] = {}
     tp_local = sum(s.tp_numel for s in shapes)         # this rank's tp shard of its stages, unsharded by dp
     mb, act = layout.accumulation, layout.compute_bytes
     gather_bytes = 4 if layout.precision == "fp32" else 2
-    if layout.dp > 1:
+    if layout.dp * layout.cp > 1:
         if layout.strategy == "ddp":
             out["dp/all_reduce"] = tp_local * reduce_bytes
             if layout.zero == 1:
@@ -43,21 +49,34 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
                 out["dp/all_gather"] = tp_local * act
             else:
                 out["dp/all_reduce"] = tp_local * act
-        elif layout.dp_shard > 1:
+        elif layout.shard_ranks > 1:
             gathers, syncs = fsdp_passes(layout)
-            out["dp_shard/all_gather"] = gathers * tp_local * gather_bytes
-            out["dp_shard/reduce_scatter"] = syncs * tp_local * reduce_bytes
+            shard = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
+            out[f"{shard}/all_gather"] = gathers * tp_local * gather_bytes
+            out[f"{shard}/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
-                out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.dp_shard) * reduce_bytes
+                out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.shard_ranks) * reduce_bytes
         else:
             out["dp_replicate/all_reduce"] = tp_local * reduce_bytes
-    tokens = layout.micro_batch * layout.seq_len
+    tokens = layout.micro_batch * layout.local_seq_len
+    if layout.cp > 1:
+        out.update(context_parallel_bytes(layout, shapes, kv_dim))
     if layout.tp > 1:
         _tensor_parallel(out, layout, shapes, tokens, vocab, last_stage, reduce_bytes)
     if layout.pp > 1:
         boundary = tokens * hidden * act // (layout.tp if layout.sequence_parallel else 1)
         out["pp/send_recv"] = 2 * layout.pp_microbatches * layout.virtual_stages * boundary
     return out
+
+
+def context_parallel_bytes(layout: Layout, shapes: list[ParamShape], kv_dim: int) -> dict[str, int]:
+    """Keys and values of the whole sequence gathered per block and forward (recomputation gathers
+    again), their gradients reduced once per backward."""
+    blocks = len({block_of(s.name) for s in shapes} - {None})
+    forwards = layout.accumulation * (2 if layout.ac != "none" else 1)
+    per_block = 2 * layout.micro_batch * layout.seq_len * (kv_dim // layout.tp) * layout.compute_bytes
+    return {"cp/all_gather": forwards * blocks * per_block,
+            "cp/reduce_scatter": layout.accumulation * blocks * per_block}
 
 
 def fsdp_passes(layout: Layout) -> tuple[int, int]:
@@ -68,7 +87,8 @@ def fsdp_passes(layout: Layout) -> tuple[int, int]:
     mb = layout.accumulation
     if layout.pp > 1:
         return (mb + 1 if layout.zero == 3 else 1), 1
-    return (2 if layout.zero == 3 else 1) * mb, mb
+    # parallel=3d turns gradient sync off but for the last micro-batch (fsdp reduces every one)
+    return (2 if layout.zero == 3 else 1) * mb, 1 if layout.strategy == "3d" else mb
 
 
 def block_of(name: str) -> str | None:
@@ -137,20 +157,22 @@ def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int
     small messages (gloo on a CPU: milliseconds)."""
     mb = layout.accumulation
     per_block = per_block or {"column": 3 + 2, "row": 2}     # Llama's q, k, v, gate, up; out, down
-    calls = {"tp": 0, "pp": 0, "dp": 0}
-    if layout.dp > 1:
+    calls = {"tp": 0, "pp": 0, "dp": 0, "cp": 0}
+    if layout.dp * layout.cp > 1:
         buckets = max(1, -(-param_bytes // bucket_bytes))
         if layout.strategy in ("ddp", "deepspeed") and layout.zero < 3:
             calls["dp"] = buckets * (mb if layout.strategy == "deepspeed" else 1) + (buckets if layout.zero else 0)
         elif layout.strategy == "deepspeed":
             gathers = 2 if layout.zero == 3 else 1
             calls["dp"] = mb * units * (gathers + 1)
-        elif layout.dp_shard > 1:
+        elif layout.shard_ranks > 1:
             gathers, syncs = fsdp_passes(layout)
             calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1))
         else:
             calls["dp"] = buckets
     layers = n_layers // layout.pp
+    if layout.cp > 1:
+        calls["cp"] = 2 * layers * mb * (3 if layout.ac != "none" else 2)
     if layout.tp > 1:
         forwards = mb * (2 if layout.ac != "none" else 1)
         column, row = per_block["column"], per_block["row"]

@@ -28,6 +28,17 @@ class Layout:
     accumulation: int           # forwards per optimizer step on one rank (pipeline: its micro-batches)
     seq_len: int
     precision: str              # fp32 | bf16 | fp16
+    cp: int = 1                 # context parallel: ranks that split each sequence (3d)
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks FSDP2 shards a parameter over: dp_shard x cp (3d's dp_shard_cp)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def local_seq_len(self) -> int:
+        """Positions of each sequence one rank holds."""
+        return self.seq_len // self.cp
 
     @property
     def dp(self) -> int:
@@ -37,7 +48,7 @@ class Layout:
     def shards_params(self) -> bool:
         """Torch FSDP2 (fsdp, 3d with a zero stage) or DeepSpeed ZeRO-3."""
         if self.strategy in ("fsdp", "3d"):
-            return self.zero >= 2 and self.dp_shard > 1
+            return self.zero >= 2 and self.shard_ranks > 1
         return self.strategy == "deepspeed" and self.zero == 3
 
     @property
@@ -56,6 +67,8 @@ class Layout:
                 parts.append(f"pp_schedule={self.pp_schedule}")
             if self.sequence_parallel:
                 parts.append("sp")
+            if self.cp > 1:
+                parts.append(f"cp={self.cp}")
         if self.ac != "none":
             parts.append(f"ac={self.ac}")
         parts.append(f"micro_batch={self.micro_batch}")
@@ -70,9 +83,9 @@ def layout_of(cfg, world_size: int) -> Layout:
         dims = ParallelDims.from_config(p, world_size)
         if cfg.zero.stage == 0:
             dims = dims.replicate_only()
-        rep, shard, tp, pp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp
+        rep, shard, tp, pp, cp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, dims.cp
     else:
-        rep, shard, tp, pp = world_size, 1, 1, 1
+        rep, shard, tp, pp, cp = world_size, 1, 1, 1, 1
     batch = batch_layout(cfg, rep * shard, pp)
     virtual = p.get("pp_virtual_stages", 1) if pp > 1 else 1
     return Layout(
@@ -82,4 +95,4 @@ def layout_of(cfg, world_size: int) -> Layout:
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
         micro_batch=batch.forward_batch, accumulation=batch.accumulation,
-        seq_len=cfg.data.seq_len, precision=cfg.precision.name)
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp)

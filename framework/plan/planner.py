@@ -75,6 +75,24 @@ def _model_dims(cfg) -> tuple[int, int, int]:
     return int(hidden), int(vocab), int(layers)
 
 
+def _kv_dim(cfg) -> int:
+    """Width of the keys (all heads): what context parallelism gathers per token and block."""
+    m = cfg.model
+    heads = m.get("n_heads") or m.get("num_attention_heads") or 1
+    kv_heads = m.get("n_kv_heads") or m.get("num_key_value_heads") or heads
+    return int(kv_heads) * (_model_dims(cfg)[0] // int(heads))
+
+
+def _gathered_kv_bytes(cfg, layout: Layout, blocks: int) -> int:
+    """Keys and values of the rest of the sequence (cp - 1 of cp shares) that each block's attention keeps
+    for backward under context parallelism; a checkpointed block keeps its input alone."""
+    if layout.cp == 1:
+        return 0
+    kept = {"none": blocks, "full": 0}.get(layout.ac, blocks - blocks // max(1, layout.ac_every))
+    rest = layout.seq_len - layout.local_seq_len
+    return kept * 2 * layout.micro_batch * rest * (_kv_dim(cfg) // layout.tp) * layout.compute_bytes
+
+
 def _unit_numels(shapes) -> list[int]:
     """Parameter elements per FSDP unit (a block, or the root's own parameters)."""
     units: dict[str, int] = {}
@@ -87,7 +105,7 @@ def _unit_numels(shapes) -> list[int]:
 
 def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
-    profile = activations.measure(cfg, 1, layout.seq_len)     # scaled by the micro-batch, but weight copies
+    profile = activations.measure(cfg, 1, layout.local_seq_len)   # scaled by the micro-batch, but weight copies
     if cfg.trainer.get("compile") and layout.ac == "none":
         profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
@@ -97,12 +115,12 @@ def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
     if layout.pp == 1:
         ids, first, last = list(range(n_blocks)), True, True
         held = scale * profile.stage_bytes(ids, first, last, layout.tp, layout.sequence_parallel)
-        held += profile.stage_copies(ids, first, last, layout.tp)
+        held += profile.stage_copies(ids, first, last, layout.tp) + _gathered_kv_bytes(cfg, layout, len(ids))
     else:
         mine = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
         ids = [b for s in mine for b in range(s * per_stage, (s + 1) * per_stage)]
         per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
-        held = int(scale * per_mb * _in_flight(layout, pp_rank))
+        held = int((scale * per_mb + _gathered_kv_bytes(cfg, layout, len(ids))) * _in_flight(layout, pp_rank))
         held += profile.stage_copies(ids, 0 in mine, stages - 1 in mine, layout.tp)
     recompute = scale * profile.block_full // layout.tp if layout.ac != "none" else 0
     return held, recompute
@@ -112,11 +130,11 @@ def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     units = _unit_numels(shapes) or [0]
     gather = 4 if layout.precision == "fp32" else 2
     total = recompute
-    tokens = layout.micro_batch * layout.seq_len
+    tokens = layout.micro_batch * layout.local_seq_len
     total += tokens * vocab * 4          # the fp32 logits' gradient, whole on every tp rank
     if layout.strategy == "ddp" and not cfg.parallel.get("gradient_as_bucket_view", False):
         total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
-    elif layout.strategy in ("fsdp", "3d") and layout.dp_shard > 1:
+    elif layout.strategy in ("fsdp", "3d") and layout.shard_ranks > 1:
         total += 2 * max(units) * gather + max(units) * 4  # gathered unit + prefetch, reduce-scatter input
     elif layout.strategy == "deepspeed":
         if layout.zero == 3:
@@ -148,7 +166,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
         if best is None or per_rank["total"] > best[0]["total"]:
             best = (per_rank, shapes, pp_rank)
     per_rank, shapes, pp_rank = best
-    comm = comm_bytes(layout, shapes, hidden, vocab, n_layers, last_stage=holds_head(layout, pp_rank))
+    comm = comm_bytes(layout, shapes, hidden, vocab, n_layers, last_stage=holds_head(layout, pp_rank),
+                      kv_dim=_kv_dim(cfg))
 
     spec = spec_for(cfg.model)
     tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
@@ -186,6 +205,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     dp_bw = device.inter_bw if nodes_span else device.intra_bw
     tp_s = sum(v for k, v in comm.items() if k.startswith("tp/")) / device.intra_bw
     pp_s = sum(v for k, v in comm.items() if k.startswith("pp/")) / (device.inter_bw if nodes_span else device.intra_bw)
+    # cp ranks sit within a node; the keys/values are gathered before attention can start (not hidden)
+    cp_s = sum(v for k, v in comm.items() if k.startswith("cp/")) / device.intra_bw
     # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
     dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
@@ -197,13 +218,15 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     tp_s += calls["tp"] * latency
     pp_s += calls["pp"] * latency
     dp_s += calls["dp"] * latency
+    cp_s += calls["cp"] * latency
     exposed_dp = max(0.0, dp_s - overlap * compute_s)
     # offloaded states: gradients down and parameters up over PCIe, the optimizer step in host memory
     offload_s = per_rank["offloaded"] * (6 / 16) / device.pcie_bw + per_rank["offloaded"] * 2 / device.host_bw
-    step_s = compute_s + optimizer_s + tp_s + pp_s + exposed_dp + offload_s
+    step_s = compute_s + optimizer_s + tp_s + pp_s + cp_s + exposed_dp + offload_s
     tokens_per_sec = tokens_per_step / step_s
     mfu = flops_per_token * tokens_per_sec / (world_size * device.worker_peak(peak, world_size))
     return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
                 mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
-                time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "dp": exposed_dp, "offload": offload_s})
+                time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "cp": cp_s, "dp": exposed_dp,
+                        "offload": offload_s})

@@ -85,7 +85,8 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
 def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
     key = (OmegaConf.to_yaml(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
-           layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank)
+           layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank,
+           layout.cp)
     if key not in _SHAPES:
         _SHAPES[key] = _rank_parameters(cfg, layout, pp_rank)
     return _SHAPES[key]
@@ -107,9 +108,9 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
             if dim is not None:
                 tp_local[dim] = chunk(full[dim], layout.tp)
             local = list(tp_local)
-            fsdp = layout.strategy in ("fsdp", "3d") and layout.dp > 1
+            fsdp = layout.strategy in ("fsdp", "3d") and layout.dp * layout.cp > 1
             if layout.shards_params and layout.strategy in ("fsdp", "3d") and local:
-                local[0] = chunk(local[0], layout.dp_shard)
+                local[0] = chunk(local[0], layout.shard_ranks)
             # DTensor's embedding backward (vocab-sharded, replicated input) returns a replicated gradient;
             # FSDP's reduce-scatter puts it back in the parameter's layout.
             # A tied embedding's gradient is summed with the head's, which keeps the sharded layout.

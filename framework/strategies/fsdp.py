@@ -24,6 +24,7 @@ class FSDPOptions(ParallelConfig):
     dp_replicate: int = 1       # HSDP replica groups; -1 = the rest of the world size
     dp_shard: int = -1          # ranks a parameter is sharded over; -1 = the rest of the world size
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
+    cp: int = 1                 # context parallel: ranks that split every sequence (parallel=3d)
 
 
 class FSDPStrategy(TorchStrategy):
@@ -47,6 +48,10 @@ class FSDPStrategy(TorchStrategy):
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
+        if cfg.parallel.cp != 1:
+            raise ConfigError("parallel.cp", f"parallel=fsdp does not split sequences; context parallelism is a "
+                                             f"dimension of parallel=3d: parallel=3d parallel.tp=1 parallel.pp=1 "
+                                             f"parallel.cp={cfg.parallel.cp} shards over dp x cp as fsdp does")
         ParallelDims.from_config(cfg.parallel, world_size)
         if cfg.zero.offload_optimizer and not cfg.zero.offload_params:
             raise ConfigError("zero.offload_optimizer", "parallel=fsdp offloads parameters, gradients and "

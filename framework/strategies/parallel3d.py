@@ -9,6 +9,10 @@ Batches (parallel/batch_layout.py): each data-parallel rank (every tp rank of it
 takes global_batch_size / dp sequences per step, as micro-batches of trainer.micro_batch_size, or with
 pipelining as parallel.pp_microbatches pipeline micro-batches. zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
 data-parallel rank a full replica (HSDP with shard size 1); stage1 is refused.
+
+Context parallelism (parallel.cp): the cp ranks of a data rank take the same sequences and each keeps
+its load-balanced share of them (framework.parallel.context_parallel); FSDP2 shards over dp_shard x cp
+(with zero=none too: cp ranks always split parameters and average gradients).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.models.spec import spec_for
 from framework.parallel.batch_layout import BatchLayout, batch_layout
+from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.strategies.base import TorchStrategy
@@ -77,7 +82,7 @@ class Parallel3DStrategy(TorchStrategy):
         p = cfg.parallel
         if -1 not in (p.tp, p.pp, p.dp_replicate, p.dp_shard):
             return      # every degree fixed: ParallelDims names the product against the world size
-        fixed = {dim: p[dim] for dim in ("tp", "pp", "dp_replicate", "dp_shard") if p[dim] > 1}
+        fixed = {dim: p[dim] for dim in ("tp", "pp", "cp", "dp_replicate", "dp_shard") if p[dim] > 1}
         need = math.prod(fixed.values())
         if world_size >= need:
             return
@@ -86,7 +91,7 @@ class Parallel3DStrategy(TorchStrategy):
         on_gpus = device_type(cfg) == "cuda"
         has = (f"this node has {world_size} visible GPU{'s' if world_size != 1 else ''}" if on_gpus
                else f"the world size is {world_size}")
-        shrink = " ".join(f"parallel.{dim}=1" for dim in fixed if dim in ("tp", "pp")) or \
+        shrink = " ".join(f"parallel.{dim}=1" for dim in fixed if dim in ("tp", "pp", "cp")) or \
             " ".join(f"parallel.{dim}=-1" for dim in fixed)
         raise ConfigError("parallel", f"this layout needs at least {names} = {values} = {need} "
                                       f"{'GPUs' if on_gpus else 'workers'}, but {has}; shrink it ({shrink}, or "
@@ -106,9 +111,13 @@ class Parallel3DStrategy(TorchStrategy):
                                       "and parameters, parallel=fsdp offloads parameters")
         if p.rest_world_size <= 0:
             raise ConfigError("parallel.rest_world_size", f"must be positive, got {p.rest_world_size}")
+        check_context_parallel(cfg, p.cp, max(p.tp, 1))
         dims = ParallelDims.from_config(p, world_size)
         spec = spec_for(model)
         spec.validate_layout(cfg, dims.tp, dims.pp)
+        if dims.cp > 1 and not spec.context_parallel:
+            raise ConfigError("parallel.cp", f"model spec {spec.name} does not take its positions from a sequence "
+                                             f"shard; context parallelism runs the llama and gpt2 families")
         if not spec.init_by_name:
             raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
                                                 f"rank's shards by parameter name; {model._target_} (model spec "
@@ -143,6 +152,10 @@ class Parallel3DStrategy(TorchStrategy):
             self.stage_ids, self.num_stages = [0], 1
         modules = parallelize(model_factory, self.mesh, cfg, self.device, self.sharding(mesh_dims), tuple(self.stage_ids),
                               self.num_stages)
+        self.context = None
+        if self.dims.cp > 1:
+            from framework.parallel.context_parallel import ContextParallel
+            self.context = ContextParallel(self.mesh.cp.get_group(), cfg.data.seq_len)
         self.stages = modules
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
         self.stage_group = self.mesh.pp.get_group() if self.dims.pp > 1 else None
@@ -163,7 +176,7 @@ class Parallel3DStrategy(TorchStrategy):
         from framework.parallel.fsdp import mixed_precision_policy
         from framework.parallel.parallelize import ShardingPlan
         cfg = self.cfg
-        return ShardingPlan(enabled=mesh_dims.dp > 1, reshard_after_forward=cfg.zero.stage == 3,
+        return ShardingPlan(enabled=mesh_dims.fsdp_size > 1, reshard_after_forward=cfg.zero.stage == 3,
                             mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
@@ -209,25 +222,35 @@ class Parallel3DStrategy(TorchStrategy):
             self.model.set_requires_gradient_sync(is_last)
         return contextlib.nullcontext()
 
+    def sequence_step(self):
+        """What a step's forward and backward run inside: context parallelism's attention and positions."""
+        return self.context.step() if self.context is not None else contextlib.nullcontext()
+
+    def _to_device(self, batch):
+        batch = tuple(super()._to_device(batch))
+        return self.context.shard_batch(*batch) if self.context is not None else batch
+
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
-        if self.schedule is None:
-            return super().forward_backward(micro_batches, loss_fn)
-        self.model.train()
-        return self._run_pipeline(micro_batches, loss_fn, train=True)
+        with self.sequence_step():
+            if self.schedule is None:
+                return super().forward_backward(micro_batches, loss_fn)
+            self.model.train()
+            return self._run_pipeline(micro_batches, loss_fn, train=True)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
-        if self.schedule is None:
-            return super().eval_loss(micro_batches, loss_fn)
-        self.model.eval()
-        return self._run_pipeline(micro_batches, loss_fn, train=False)
+        with self.sequence_step():
+            if self.schedule is None:
+                return super().eval_loss(micro_batches, loss_fn)
+            self.model.eval()
+            return self._run_pipeline(micro_batches, loss_fn, train=False)
 
     def _run_pipeline(self, micro_batches, loss_fn, train: bool) -> torch.Tensor:
         """One pass of this rank's share through the pipeline; the mean loss, on every rank."""
         self._loss_fn = loss_fn
         args, kwargs, losses = (), {}, []
         if micro_batches:
-            inputs, targets = (torch.cat(parts).to(self.device) for parts in zip(*micro_batches))
+            inputs, targets = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
             if self.holds_first:
                 args = (inputs,)
             if self.holds_last:
@@ -240,7 +263,8 @@ class Parallel3DStrategy(TorchStrategy):
         if train and self.tied is not None:
             self.tied.sum_grads()
         local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)
-        # The last stage's (dp x tp) ranks hold the loss (tp ranks alike): their mean is the global mean.
+        # The last stage's (dp x cp x tp) ranks hold the loss (tp ranks alike, cp ranks an equal share of
+        # each sequence's tokens): their mean is the global mean.
         total = local.detach().clone()
         dist.all_reduce(total)
-        return total / (self.dims.dp * self.dims.tp)
+        return total / (self.dims.dp * self.dims.cp * self.dims.tp)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from framework.models.positions import token_positions
 from framework.models.seeding import param_seed
 
 
@@ -108,7 +109,7 @@ class GPT2(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
         if self.wte is not None:
-            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            positions = token_positions(tokens.shape[1], tokens.device)
             h = self.wte(tokens) + self.wpe(positions)
         else:
             h = tokens
