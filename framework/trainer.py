@@ -120,6 +120,7 @@ class Trainer:
                     nonfinite.check()
                     record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
                               **memory.read(), **s.memory_breakdown(), **s.step_metrics(),
+                              **model_factory.spec.step_metrics(s.unwrapped_model()),
                               **self.train_data.consumed(step), **compiles.record()}
                     with interval.timed_apart("eval_time"):
                         if do_eval:
