@@ -1,6 +1,8 @@
 """model=moe_tiny under every layout: loss parity with parallel=single (fp32, <= 1e-4 per step), the same
 expert assignment (logged expert shares) everywhere, and its Mixtral export read by transformers with our
-logits, then imported back through checkpoint.initial_load. The runs are shared by the whole module."""
+logits, then imported back through checkpoint.initial_load; expert parallelism (ep2, with tp2, with pp2)
+among the layouts, and its checkpoint resumed exactly and resharded to single. The runs are shared by the
+whole module."""
 from __future__ import annotations
 
 import json
@@ -27,6 +29,11 @@ LAYOUTS = {
     "ddp": ["parallel=ddp"],
     "fsdp_z3": ["parallel=fsdp", "zero=stage3"],
     "deepspeed_z2": ["parallel=deepspeed", "zero=stage2"],
+    # expert parallelism; the ep2 run also saves at step 2 for the resume tests
+    "3d_ep2": ["parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=2", "parallel.ep=2",
+               "checkpoint.interval=2"],
+    "3d_ep2_tp2": ["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=2", "parallel.ep=2"],
+    "3d_ep2_pp2": ["parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2", "parallel.ep=2"],
 }
 TOL = 1e-4
 _runs: dict[str, Path] = {}
@@ -53,9 +60,13 @@ def test_layout_matches_single_and_routes_alike(runs, name):
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for a, b in zip(ref, got):
         assert abs(a["loss"] - b["loss"]) <= TOL, (name, a["step"], a["loss"], b["loss"])
+    # torch's pipeline schedule runs one metadata-inference forward in the first step, which the tally
+    # of that step counts (balance.py); every later step matches
+    first = 1 if "pp" in name else 0
+    for a, b in zip(ref[first:], got[first:]):
         assert abs(a["moe_aux_loss"] - b["moe_aux_loss"]) <= TOL, (name, a["step"])
     # the same tokens go to the same experts: every layer's share of tokens per expert, every step
-    assert shares(got) == shares(ref)
+    assert shares(got[first:]) == shares(ref[first:])
     assert any(len(set(layer)) > 1 for step in shares(ref) for layer in step)   # not trivially uniform
 
 
@@ -122,3 +133,25 @@ def test_initial_load_from_the_mixtral_export_starts_from_its_weights(tmp_path, 
     with torch.no_grad():
         expected = float(torch.stack([cross_entropy(model(x), y) for x, y in micro_batches(batch, 2)]).mean())
     assert abs(read_metrics(run_dir)[0]["loss"] - expected) <= 1e-5
+
+
+def resume_from_step_2(tmp_path: Path, source: str, layout: list[str]) -> list[float]:
+    ckpt = _runs[source] / "checkpoints" / f"step_{2:08d}"
+    run_dir = tmp_path / "resumed"
+    check_ok(run_framework([*FAST, *MOE, *layout, f"checkpoint.resume={ckpt}"], run_dir))
+    return [r["loss"] for r in read_metrics(run_dir)]
+
+
+def test_expert_parallel_resume_is_exact(tmp_path, runs):
+    whole = runs("3d_ep2")
+    resumed = resume_from_step_2(tmp_path, "3d_ep2", LAYOUTS["3d_ep2"])
+    assert resumed == [r["loss"] for r in whole[2:]]
+
+
+def test_expert_parallel_checkpoint_reshards_to_single(tmp_path, runs):
+    runs("3d_ep2")
+    single = runs("single")
+    resumed = resume_from_step_2(tmp_path, "3d_ep2", LAYOUTS["single"])
+    assert len(resumed) == STEPS - 2
+    for got, ref in zip(resumed, single[2:]):
+        assert abs(got - ref["loss"]) <= TOL, (got, ref)

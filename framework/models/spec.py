@@ -97,6 +97,8 @@ class ModelSpec:
         return None
 
     supports_pipeline = False
+    #: MoE layers whose experts parallel.ep may shard (framework/parallel/expert_parallel.py)
+    has_experts = False
 
     def num_layers(self, model_cfg) -> int:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""

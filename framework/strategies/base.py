@@ -111,7 +111,7 @@ class Strategy:
                               f"{cfg.activation_checkpointing.mode} yet")
         if cfg.trainer.compile and cls.compile_note:
             raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
-        for key in ("tp", "pp"):
+        for key in ("tp", "pp", "ep"):
             if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
                                                       f"(got {getattr(cfg.parallel, key)}); parallel=3d does")

@@ -1,7 +1,8 @@
 """Load balancing and expert-load bookkeeping for the MoE layers of this process.
 
 Every training forward of a layer adds its tokens per expert to the layer's tally (not the recompute of
-activation checkpointing, which runs inside backward). After each optimizer step one all-reduce over
+activation checkpointing, which runs inside backward; but the one metadata-inference forward torch's
+pipeline schedules run in their first step is counted in that step's numbers, not in any gradient). After each optimizer step one all-reduce over
 the world sums the tallies of every layer (a pipeline stage contributes its own layers; tensor-parallel
 copies count alike, so shares are unchanged), then:
   - `last_step()` holds each layer's share of routed tokens per expert and the mean auxiliary loss,

@@ -23,6 +23,7 @@ class MoESpec(LlamaSpec):
     block_class = MoEBlock
     init_fn = staticmethod(init_parameter)
     plans = "framework.models.moe.parallelize"
+    has_experts = True
     adapter = hf_adapter
 
     def config_schema(self) -> type:
@@ -66,6 +67,10 @@ class MoESpec(LlamaSpec):
 
     def validate_layout(self, cfg, tp: int, pp: int) -> None:
         super().validate_layout(cfg, tp, pp)
+        ep = cfg.parallel.get("ep", 1)
+        if cfg.model.n_experts % ep:
+            raise ConfigError("parallel.ep", f"model.n_experts={cfg.model.n_experts} experts do not divide among "
+                                             f"parallel.ep={ep} ranks")
         if tp > 1 and cfg.parallel.get("sequence_parallel"):
             raise ConfigError("parallel.sequence_parallel", "MoE layers run whole on every tensor-parallel "
                                                             "rank and need every token there; set it to false")
