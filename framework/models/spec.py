@@ -146,6 +146,10 @@ class ModelSpec:
         """Parameters one token computes with (fewer than num_params where experts are routed)."""
         return self.num_params(model_cfg)
 
+    def dispatch_elements(self, model_cfg) -> int:
+        """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
+        return 0
+
     # ---- metrics ------------------------------------------------------------------------------
     def step_metrics(self, model: nn.Module) -> dict:
         """Numbers of the model itself for the last step's metrics record (e.g. MoE expert loads); every

@@ -48,14 +48,16 @@ def aux_loss(scores: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) -> t
     return n_experts * (counts.to(probs.dtype) / n_tokens * probs.mean(0)).sum()
 
 
-def _counts_now() -> bool:
-    """A training forward, not activation checkpointing's recompute inside backward."""
-    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+def _counts_now(counts: torch.Tensor) -> bool:
+    """A training forward, not activation checkpointing's recompute inside backward, nor the planner's
+    pass over fake tensors."""
+    from torch._subclasses.fake_tensor import is_fake
+    return torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1 and not is_fake(counts)
 
 
 def observe(layer, scores: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor):
     """Tally a training forward of `layer`; the auxiliary loss to attach (None where there is none)."""
-    if not (layer.training and _counts_now()):
+    if not (layer.training and _counts_now(counts)):
         return None
     _register(layer)
     aux = aux_loss(scores, ids, counts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -31,6 +32,11 @@ def _aligned(*weights: torch.Tensor) -> bool:
                for w in weights)
 
 
+def _grouped_here(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """CUDA's grouped_mm takes bf16 only; torch 2.13's CPU kernel takes fp32 too."""
+    return w.dtype == torch.bfloat16 or x.device.type == "cpu"
+
+
 def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """x (tokens, in) @ w[e].T for each expert's rows: w (E, out, in)."""
     return _ContiguousGrad.apply(torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets))
@@ -39,7 +45,12 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.T
 def expert_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,
                   compute: str = "auto") -> torch.Tensor:
     """x (tokens sorted by expert, dim), counts (E,) -> w2[e] (silu(w1[e] x) * w3[e] x) for each row's expert."""
-    if compute == "grouped_mm" or (compute == "auto" and has_grouped_mm() and _aligned(w1, w2)):
+    if is_fake(x):
+        # the planner's pass over fake tensors: the same shapes and dtypes, without splitting by counts
+        # (data it does not have) or grouped_mm (whose meta kernel takes bf16 only)
+        return F.linear(F.silu(F.linear(x, w1[0])) * F.linear(x, w3[0]), w2[0])
+    if compute == "grouped_mm" or (compute == "auto" and has_grouped_mm() and _aligned(w1, w2)
+                                   and _grouped_here(x, w1)):
         # grouped_mm wants the weights and rows in one dtype and 32-bit cumulative row offsets
         offsets = counts.cumsum(0).to(torch.int32)
         xw = x.to(w1.dtype)

@@ -129,7 +129,9 @@ class MoEFeedForward(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         scores, weights, ids = self.router(x)
-        counts = torch.bincount(ids.flatten(), minlength=self.args.n_experts)
+        # scatter_add, not bincount: a fixed output shape, which the planner's fake-tensor pass needs
+        counts = torch.zeros(self.args.n_experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, ids.flatten(), torch.ones_like(ids.flatten()))
         aux = balance.observe(self, scores, ids, counts)
         # dropless dispatch: each (token, choice) pair in expert order, stable so equal ids keep token order
         order = ids.flatten().argsort(stable=True)

@@ -35,6 +35,10 @@ class MoESpec(LlamaSpec):
     def active_params(self, model_cfg) -> int:
         return self.args(model_cfg).active_params()
 
+    def dispatch_elements(self, model_cfg) -> int:
+        args = self.args(model_cfg)
+        return args.top_k * args.dim
+
     def step_metrics(self, model) -> dict:
         last = balance.last_step()
         if not last:
