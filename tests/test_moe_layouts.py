@@ -20,7 +20,8 @@ from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.loss import cross_entropy
 from framework.models.moe.spec import SPEC
-from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework, run_in_own_session
+from tests.helpers import (FAST, REPO, assert_planned_model_states, check_ok, read_metrics, run_framework,
+                           run_in_own_session)
 
 STEPS = 4
 MOE = ["model=moe_tiny", f"trainer.max_steps={STEPS}", "checkpoint.enabled=true", f"checkpoint.interval={STEPS}"]
@@ -155,3 +156,10 @@ def test_expert_parallel_checkpoint_reshards_to_single(tmp_path, runs):
     assert len(resumed) == STEPS - 2
     for got, ref in zip(resumed, single[2:]):
         assert abs(got - ref["loss"]) <= TOL, (got, ref)
+
+
+@pytest.mark.parametrize("name", ["fsdp_z3", "3d_ep2", "3d_ep2_tp2", "3d_ep2_pp2"])
+def test_planner_holds_what_the_job_holds(runs, name):
+    """Parameter, gradient and optimizer bytes a rank holds, experts sharded by ep included."""
+    runs(name)
+    assert_planned_model_states(_runs[name])

@@ -26,6 +26,7 @@ class ParamShape:
     tp_local: tuple[int, ...]    # after tensor parallelism, before data-parallel sharding
     whole_grad: bool = False     # its gradient comes back replicated (a vocab-sharded embedding without FSDP)
     expert: bool = False         # an MoE expert weight: split over the ep ranks where ep > 1, then FSDP leaves it
+    trainable: bool = True       # False: no gradient, no optimizer state (an MoE routing bias)
 
     @property
     def numel(self) -> int:
@@ -122,5 +123,5 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
             # A tied embedding's gradient is summed with the head's, which keeps the sharded layout.
             whole_grad = (dim is not None and isinstance(style, RowwiseParallel) and not fsdp
                           and isinstance(module.get_submodule(owner), nn.Embedding) and name not in tied)
-            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad, expert))
+            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad, expert, p.requires_grad))
     return shapes
