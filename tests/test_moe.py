@@ -112,3 +112,29 @@ def test_sigmoid_scores_and_bias_pick_other_experts_but_keep_their_weights():
     assert sorted(ids_b[0].tolist()) == [0, 1]
     chosen = scores.gather(-1, ids_b)
     torch.testing.assert_close(weights_b, chosen / chosen.sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("args, key, fragment", [
+    (["parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=2", "parallel.ep=2", "model=tiny"],
+     "parallel.ep", "has no experts"),
+    (["parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=4", "parallel.ep=2", "model=moe_tiny"],
+     "parallel.ep", "use parallel.ep=4"),
+    (["parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=8", "parallel.ep=8", "model=moe_tiny"],
+     "parallel.ep", "do not divide"),
+    (["parallel=3d", "parallel.tp=2", "parallel.pp=1", "parallel.dp_shard=1", "parallel.sequence_parallel=true",
+      "model=moe_tiny"], "parallel.sequence_parallel", "every token"),
+    (["parallel=ddp", "parallel.ep=2", "model=moe_tiny"], "parallel.ep", "parallel=3d does"),
+    (["model=moe_tiny", "model.top_k=5"], "model.top_k", "between 1 and"),
+    (["model=moe_tiny", "model.score_func=tanh"], "model.score_func", "softmax, sigmoid"),
+])
+def test_bad_moe_settings_are_refused_before_work(compose_config, args, key, fragment):
+    from framework import world
+    from framework.config.validate import validate
+    from framework.errors import ConfigError
+    from framework.strategies.registry import strategy_class
+    from tests.helpers import FAST
+    cfg = compose_config([*FAST, *args])
+    cls = strategy_class(cfg.parallel.name)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, world.world_size_for(cfg, cls), cls)
+    assert e.value.key == key and fragment in str(e.value), str(e.value)
