@@ -57,6 +57,7 @@ def expert_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: t
         hidden = F.silu(_grouped(xw, w1, offsets)) * _grouped(xw, w3, offsets)
         return _grouped(hidden, w2, offsets)
     outs = []
-    for e, rows in enumerate(x.split(counts.tolist())):
+    # rows in the weights' dtype: FSDP's bf16 policy leaves expert-parallel experts (not its own) in fp32
+    for e, rows in enumerate(x.to(w1.dtype).split(counts.tolist())):
         outs.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
     return torch.cat(outs)
