@@ -107,7 +107,9 @@ class Trainer:
                 records.advance()
                 if logs:
                     nonfinite.check()
-                    record = records.start(step, loss, lr, grad_norm, self.train_data.consumed(step), compiles.record())
+                    record = records.start(step, loss, lr, grad_norm,
+                                           model_factory.spec.step_metrics(s.unwrapped_model()),
+                                           self.train_data.consumed(step), compiles.record())
                     with interval.timed_apart("eval_time"):
                         if do_eval:
                             faults.inject("eval", step)

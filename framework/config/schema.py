@@ -40,6 +40,7 @@ class ParallelConfig:
     pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
     pp_virtual_stages: int = 1              # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
     sequence_parallel: bool = False
+    ep: int = 1                             # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
 
 
 @dataclass

@@ -28,6 +28,7 @@ SPECS: dict[str, str] = {
     "llama": "framework.models.llama.spec:SPEC",
     "gpt2": "framework.models.gpt2.spec:SPEC",
     "hf": "framework.models.hf.spec:SPEC",
+    "moe": "framework.models.moe.spec:SPEC",
 }
 
 
@@ -99,6 +100,8 @@ class ModelSpec:
         return None
 
     supports_pipeline = False
+    #: MoE layers whose experts parallel.ep may shard (framework/parallel/expert_parallel.py)
+    has_experts = False
 
     def num_layers(self, model_cfg) -> int:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""
@@ -141,6 +144,20 @@ class ModelSpec:
     def flops_per_token(self, model_cfg, seq_len: int) -> float:
         """Training FLOPs per token; 6N for a model whose attention cost is unknown."""
         return 6.0 * self.num_params(model_cfg)
+
+    def active_params(self, model_cfg) -> int:
+        """Parameters one token computes with (fewer than num_params where experts are routed)."""
+        return self.num_params(model_cfg)
+
+    def dispatch_elements(self, model_cfg) -> int:
+        """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
+        return 0
+
+    # ---- metrics ------------------------------------------------------------------------------
+    def step_metrics(self, model: nn.Module) -> dict:
+        """Numbers of the model itself for the last step's metrics record (e.g. MoE expert loads); every
+        rank calls it on the steps the trainer logs."""
+        return {}
 
     # ---- checks (launching process, before any worker) ----------------------------------------
     def validate(self, cfg) -> None:

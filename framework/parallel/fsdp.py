@@ -29,16 +29,18 @@ def mixed_precision_policy(precision_cfg) -> MixedPrecisionPolicy:
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool = True,
                mp_policy: Optional[MixedPrecisionPolicy] = None, offload: bool = False,
-               block_classes: Iterable[str | type] = ()) -> nn.Module:
+               block_classes: Iterable[str | type] = (), ignored_params: Optional[set] = None) -> nn.Module:
     """Shard `model` in place over `mesh` and return it.
 
     reshard_after_forward: True frees gathered parameters after each block's forward (ZeRO-3),
     False keeps them until backward (ZeRO-2). block_classes: class names or classes whose instances
-    become their own FSDP unit; empty = the model's `block_classes()`.
+    become their own FSDP unit; empty = the model's `block_classes()`. ignored_params: parameters sharded
+    otherwise (expert parallelism) that FSDP neither shards nor reduces.
     """
     kwargs = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
                   mp_policy=mp_policy or MixedPrecisionPolicy(),
-                  offload_policy=CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy())
+                  offload_policy=CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda") if offload else OffloadPolicy(),
+                  ignored_params=ignored_params or None)
     # Innermost first: fully_shard on a parent leaves out parameters its children already manage.
     for _, block in reversed(find_blocks(model, block_classes)):
         fully_shard(block, **kwargs)

@@ -1,7 +1,8 @@
 """The one parallelize path of the torch-native sharded layouts (parallel=fsdp is parallel=3d with tp = pp = 1).
 
-Order, as torch's composable APIs expect: pipeline split -> tensor parallel -> activation checkpointing
--> compile (per block) -> FSDP2 over the data-parallel dims -> materialise. Where the model
+Order, as torch's composable APIs expect: pipeline split -> tensor parallel -> expert parallel (MoE experts
+over the data-parallel ranks, left out of FSDP) -> activation checkpointing -> compile (per block) -> FSDP2
+over the data-parallel dims -> materialise. Where the model
 spec can fill a parameter from (seed, name), the model is built on the meta device and every rank
 allocates only its own shards; otherwise (a model the framework knows nothing about) it is built in
 full on every rank from torch's seed and then sharded.
@@ -18,6 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
 from framework.parallel.build_order import checkpoint_compile_wrap
+from framework.parallel.expert_parallel import apply_expert_parallel
 from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
@@ -45,18 +47,19 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
     else:
         modules = [full]
 
-    def shard(module: nn.Module) -> nn.Module:
+    def shard(module: nn.Module, experts: set) -> nn.Module:
         if not sharding.enabled:
             return module
         return apply_fsdp(module, meshes.fsdp, reshard_after_forward=sharding.reshard_after_forward,
-                          mp_policy=sharding.mp_policy, offload=sharding.offload,
+                          mp_policy=sharding.mp_policy, offload=sharding.offload, ignored_params=experts,
                           block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
 
     for module in modules:
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
             retie(module, spec.tied_parameters(cfg.model))
-        checkpoint_compile_wrap(module, cfg, spec, shard)
+        experts = apply_expert_parallel(module, meshes.dp) if cfg.parallel.ep > 1 else set()
+        checkpoint_compile_wrap(module, cfg, spec, lambda m: shard(m, experts))
         if on_meta:
             # Offloaded shards live in CPU memory; FSDP2 moves them to the device per use.
             with returning_large_frees():

@@ -32,7 +32,8 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
     """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head;
     KV_DIM: the width of the keys (= of the values), all heads."""
     out: dict[str, int] = {}
-    tp_local = sum(s.tp_numel for s in shapes)         # this rank's tp shard of its stages, unsharded by dp
+    # this rank's tp shard of its stages, unsharded by dp (expert-parallel experts are never data-parallel)
+    tp_local = sum(s.tp_numel for s in shapes if not (s.expert and layout.ep > 1))
     mb, act = layout.accumulation, layout.compute_bytes
     gather_bytes = 4 if layout.precision == "fp32" else 2
     if layout.dp * layout.cp > 1:

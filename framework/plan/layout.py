@@ -29,6 +29,7 @@ class Layout:
     seq_len: int
     precision: str              # fp32 | bf16 | fp16
     cp: int = 1                 # context parallel: ranks that split each sequence (3d)
+    ep: int = 1                 # expert parallelism: MoE experts sharded over this many data-parallel ranks
 
     @property
     def shard_ranks(self) -> int:
@@ -62,7 +63,7 @@ class Layout:
         if self.strategy in ("fsdp", "3d") and self.dp_replicate > 1:
             parts.append(f"dp_replicate={self.dp_replicate}")
         if self.strategy == "3d":
-            parts += [f"tp={self.tp}", f"pp={self.pp}"]
+            parts += [f"tp={self.tp}", f"pp={self.pp}"] + ([f"ep={self.ep}"] if self.ep > 1 else [])
             if self.pp > 1:
                 parts.append(f"pp_schedule={self.pp_schedule}")
             if self.sequence_parallel:
@@ -95,4 +96,4 @@ def layout_of(cfg, world_size: int) -> Layout:
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
         micro_batch=batch.forward_batch, accumulation=batch.accumulation,
-        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp)
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp, ep=p.get("ep", 1) if name == "3d" else 1)

@@ -68,12 +68,12 @@ def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: Opti
     """single, ddp (+ZeroRedundancyOptimizer), fsdp and 3d: fp32 parameters (autocast or FSDP2's
     mixed-precision policy computes in low precision from them), gradients of the same local shape."""
     local = sum(s.numel for s in shapes)
-    stepped = shapes
+    stepped = trainable = [s for s in shapes if s.trainable]
     if layout.strategy == "ddp" and layout.zero == 1:
-        stepped = zero1_partition(decay_groups(shapes), layout.world)
+        stepped = zero1_partition(decay_groups(trainable), layout.world)
     opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
     offloaded = (local * FP32 * 2 + opt) if layout.offload_params else 0
-    grads = sum(s.grad_numel for s in shapes) * FP32
+    grads = sum(s.grad_numel for s in trainable) * FP32
     return ModelStates(params=local * FP32, grads=grads, optimizer=opt, master=0, offloaded=offloaded)
 
 

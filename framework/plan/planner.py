@@ -1,12 +1,13 @@
 """One plan: per-rank memory, communication, pipeline bubble and step time of a validated job."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
 from framework.plan import activations
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
+from framework.plan.experts import all_to_all_bytes, expert_summary
 from framework.plan.cpu_calibration import measured_timing, tensor_parallel_overhead_s
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
@@ -32,6 +33,7 @@ class Plan:
     mfu: float
     fits: bool
     time_s: dict            # compute (bubble and recompute included) and exposed tp / pp / dp communication
+    experts: dict = field(default_factory=dict)   # MoE: total / active parameters, expert weights per rank
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -168,6 +170,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     per_rank, shapes, pp_rank = best
     comm = comm_bytes(layout, shapes, hidden, vocab, n_layers, last_stage=holds_head(layout, pp_rank),
                       kv_dim=_kv_dim(cfg))
+    comm.update(all_to_all_bytes(cfg, layout, shapes))
 
     spec = spec_for(cfg.model)
     tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
@@ -207,6 +210,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     pp_s = sum(v for k, v in comm.items() if k.startswith("pp/")) / (device.inter_bw if nodes_span else device.intra_bw)
     # cp ranks sit within a node; the keys/values are gathered before attention can start (not hidden)
     cp_s = sum(v for k, v in comm.items() if k.startswith("cp/")) / device.intra_bw
+    # expert parallelism's all-to-all sits between the router and the experts: nothing hides it
+    ep_s = sum(v for k, v in comm.items() if k.startswith("ep/")) / dp_bw
     # a ring all-reduce puts twice its payload on the wire, all-gather / reduce-scatter about once
     dp_s = sum(v * (2 if k.endswith("all_reduce") else 1) for k, v in comm.items() if k.startswith("dp")) / dp_bw
     overlap = 0.0 if device.name == "cpu" else 2 / 3       # gradient traffic hides behind backward on a GPU
@@ -222,11 +227,11 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     exposed_dp = max(0.0, dp_s - overlap * compute_s)
     # offloaded states: gradients down and parameters up over PCIe, the optimizer step in host memory
     offload_s = per_rank["offloaded"] * (6 / 16) / device.pcie_bw + per_rank["offloaded"] * 2 / device.host_bw
-    step_s = compute_s + optimizer_s + tp_s + pp_s + cp_s + exposed_dp + offload_s
+    step_s = compute_s + optimizer_s + tp_s + pp_s + cp_s + exposed_dp + offload_s + ep_s
     tokens_per_sec = tokens_per_step / step_s
     mfu = flops_per_token * tokens_per_sec / (world_size * device.worker_peak(peak, world_size))
     return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
                 mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
                 time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "cp": cp_s, "dp": exposed_dp,
-                        "offload": offload_s})
+                        "offload": offload_s, "ep": ep_s}, experts=expert_summary(cfg, shapes))

@@ -15,8 +15,13 @@ def _size(n: float) -> str:
 
 def table(plan: Plan) -> str:
     m = plan.per_rank_bytes
-    lines = [f"layout: {plan.layout.describe()} on {plan.layout.world} x {plan.device}",
-             "", "per-rank memory (most loaded rank)"]
+    lines = [f"layout: {plan.layout.describe()} on {plan.layout.world} x {plan.device}"]
+    if plan.experts:
+        e = plan.experts
+        lines += ["", f"parameters       {e['params'] / 1e9:.2f} B, {e['active_params'] / 1e9:.2f} B active per token "
+                      f"(FLOPs and MFU count active)",
+                  f"expert weights   {e['expert_params_per_rank'] / 1e9:.2f} B parameters on this rank"]
+    lines += ["", "per-rank memory (most loaded rank)"]
     for key in ("params", "grads", "optimizer", "master", "activations", "buffers"):
         lines.append(f"  {key:<12} {_size(m[key]):>12}")
     if m.get("offloaded"):

@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from framework.models.spec import spec_for
+from framework.parallel.expert_parallel import expert_layers
 from framework.parallel.pipeline import stage_ids
 from framework.plan.layout import Layout
 
@@ -24,6 +25,8 @@ class ParamShape:
     local: tuple[int, ...]       # what the first rank of its tp and data-parallel groups holds
     tp_local: tuple[int, ...]    # after tensor parallelism, before data-parallel sharding
     whole_grad: bool = False     # its gradient comes back replicated (a vocab-sharded embedding without FSDP)
+    expert: bool = False         # an MoE expert weight: split over the ep ranks where ep > 1, then FSDP leaves it
+    trainable: bool = True       # False: no gradient, no optimizer state (an MoE routing bias)
 
     @property
     def numel(self) -> int:
@@ -86,7 +89,7 @@ def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
     key = (OmegaConf.to_yaml(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
            layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank,
-           layout.cp)
+           layout.cp, layout.ep)
     if key not in _SHAPES:
         _SHAPES[key] = _rank_parameters(cfg, layout, pp_rank)
     return _SHAPES[key]
@@ -99,6 +102,7 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
     for module in stage_modules(cfg, layout, pp_rank):
         plan = spec.tensor_parallel_plan(module, layout.sequence_parallel) if layout.tp > 1 else {}
         plan = plan or {}
+        experts = {id(p) for layer in expert_layers(module) for p in layer.experts.parameters()}
         for name, p in module.named_parameters():
             owner, _, attr = name.rpartition(".")
             full = tuple(p.shape)
@@ -109,12 +113,15 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
                 tp_local[dim] = chunk(full[dim], layout.tp)
             local = list(tp_local)
             fsdp = layout.strategy in ("fsdp", "3d") and layout.dp * layout.cp > 1
-            if layout.shards_params and layout.strategy in ("fsdp", "3d") and local:
+            expert = id(p) in experts
+            if expert and layout.ep > 1:
+                local[0] = chunk(local[0], layout.ep)
+            elif layout.shards_params and layout.strategy in ("fsdp", "3d") and local:
                 local[0] = chunk(local[0], layout.shard_ranks)
             # DTensor's embedding backward (vocab-sharded, replicated input) returns a replicated gradient;
             # FSDP's reduce-scatter puts it back in the parameter's layout.
             # A tied embedding's gradient is summed with the head's, which keeps the sharded layout.
             whole_grad = (dim is not None and isinstance(style, RowwiseParallel) and not fsdp
                           and isinstance(module.get_submodule(owner), nn.Embedding) and name not in tied)
-            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad))
+            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad, expert, p.requires_grad))
     return shapes

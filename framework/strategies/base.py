@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from framework.errors import ConfigError
+from framework.loss import weighted_micro_batch
 from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
@@ -103,7 +104,7 @@ class Strategy:
                               f"{cfg.activation_checkpointing.mode} yet")
         if cfg.trainer.compile and cls.compile_note:
             raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
-        for key in ("tp", "pp"):
+        for key in ("tp", "pp", "ep"):
             if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
                                                       f"(got {getattr(cfg.parallel, key)}); parallel=3d does")
@@ -327,7 +328,7 @@ class TorchStrategy(Strategy):
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             inputs, targets = self._to_device(batch)
-            with self.accumulation_context(is_last=i == n - 1):
+            with self.accumulation_context(is_last=i == n - 1), weighted_micro_batch(1 / n):
                 with self.autocast():
                     loss = loss_fn(self.model(inputs), targets)
                 self.backward(loss / n)

@@ -61,7 +61,7 @@ class Parallel3DStrategy(TorchStrategy):
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
-    model_parallel_dims = ("tp", "pp")
+    model_parallel_dims = ("tp", "pp", "ep")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
 
     @classmethod
@@ -118,6 +118,12 @@ class Parallel3DStrategy(TorchStrategy):
         if dims.cp > 1 and not spec.context_parallel:
             raise ConfigError("parallel.cp", f"model spec {spec.name} does not take its positions from a sequence "
                                              f"shard; context parallelism runs the llama and gpt2 families")
+        if p.ep > 1 and not spec.has_experts:
+            raise ConfigError("parallel.ep", f"{model._target_} has no experts to shard (model spec {spec.name}); "
+                                             f"use parallel.ep=1 or an MoE model (model=moe_tiny)")
+        if p.ep != 1 and p.ep != dims.dp:
+            raise ConfigError("parallel.ep", f"experts shard over all data-parallel ranks or none: use parallel.ep="
+                                             f"{dims.dp} (dp_replicate x dp_shard) or 1, got {p.ep}")
         if not spec.init_by_name:
             raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
                                                 f"rank's shards by parameter name; {model._target_} (model spec "

@@ -16,6 +16,7 @@ import torch
 from framework.errors import ConfigError
 from framework.devices import device_type
 from framework.host_memory import returning_large_frees
+from framework.loss import weighted_micro_batch
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.build_order import checkpoint_compile_wrap
@@ -178,8 +179,9 @@ class DeepSpeedStrategy(Strategy):
         total = torch.zeros((), device=engine.device)
         for i, batch in enumerate(micro_batches):
             inputs, targets = self._to_device(batch)
-            loss = loss_fn(engine(inputs), targets)
-            engine.backward(loss)        # scales by 1/accumulation steps, like the torch path's loss / n
+            with weighted_micro_batch(1 / n):
+                loss = loss_fn(engine(inputs), targets)
+                engine.backward(loss)    # scales by 1/accumulation steps, like the torch path's loss / n
             if i < n - 1:
                 engine.step()            # not a boundary: DeepSpeed only counts the micro-step
             total += loss.detach().float()
