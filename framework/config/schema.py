@@ -56,9 +56,11 @@ class PrecisionConfig:
 
 @dataclass
 class ActivationCheckpointingConfig:
-    mode: str = "none"          # none | full | selective
-    every_n_layers: int = 2     # selective: checkpoint every Nth block
-    save_matmuls: bool = False  # selective: inside checkpointed blocks keep matmul outputs, recompute the rest
+    # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept);
+    # a str, not a Literal: OmegaConf 2.3 rejects Literal annotations
+    mode: str = "none"
+    every_n_layers: int = 2     # layer: checkpoint every Nth block
+    save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
     block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 

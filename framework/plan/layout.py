@@ -22,7 +22,7 @@ class Layout:
     pp_schedule: str
     pp_microbatches: int        # pipeline micro-batches per step (1 without a pipeline)
     virtual_stages: int
-    ac: str                     # none | full | selective
+    ac: str                     # activation_checkpointing.mode: none | full | layer | op
     ac_every: int
     micro_batch: int            # sequences per forward on one rank
     accumulation: int           # forwards per optimizer step on one rank (pipeline: its micro-batches)

@@ -35,7 +35,7 @@ class FSDPStrategy(TorchStrategy):
                        "fsdp does zero=stage2 and zero=stage3",
                     2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
-    activation_checkpointing = ("none", "full", "selective")
+    activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
 

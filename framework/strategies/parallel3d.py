@@ -52,7 +52,7 @@ class Parallel3DStrategy(TorchStrategy):
     zero_support = {0: None, 2: None, 3: None,
                     1: "FSDP2 shards gradients together with optimizer states: use zero=stage2, "
                        "or parallel=ddp zero=stage1"}
-    activation_checkpointing = ("none", "full", "selective")
+    activation_checkpointing = ("none", "full", "layer", "op")
     # bf16: FSDP2 all-gathers in precision.param_dtype and reduces in reduce_dtype (the same policy as
     # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.

@@ -6,7 +6,7 @@ class SingleDeviceStrategy(TorchStrategy):
     name = "single"
     needs_process_group = False
     precisions = ("fp32", "bf16", "fp16")
-    activation_checkpointing = ("none", "full", "selective")
+    activation_checkpointing = ("none", "full", "layer", "op")
     zero_support = {0: None,
                     1: "sharding needs several ranks: use parallel=ddp (stage1), fsdp or deepspeed",
                     2: "sharding needs several ranks: use parallel=fsdp or deepspeed",
