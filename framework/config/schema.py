@@ -43,10 +43,12 @@ class ZeroConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = "fp32"                  # fp32 | bf16 | fp16
+    name: str = "fp32"                  # fp32 | bf16 | fp16 | float8
     param_dtype: str = "float32"        # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: str = "float32"       # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
+    float8_recipe: str = "tensorwise"   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
+    float8_emulate: bool = False        # float8: emulate the float8 matmuls (numerics only: tests, CPU)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0
     growth_factor: float = 2.0

@@ -1,6 +1,6 @@
 """The one parallelize path of the torch-native sharded layouts (parallel=fsdp is parallel=3d with tp = pp = 1).
 
-Order, as torch's composable APIs expect: pipeline split -> tensor parallel -> activation checkpointing
+Order, as torch's composable APIs expect: pipeline split -> float8 linears -> tensor parallel -> activation checkpointing
 -> compile (per block) -> FSDP2 over the data-parallel dims -> materialise. Where the model
 spec can fill a parameter from (seed, name), the model is built on the meta device and every rank
 allocates only its own shards; otherwise (a model the framework knows nothing about) it is built in
@@ -19,6 +19,7 @@ from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.compile import compile_blocks
+from framework.parallel.float8 import convert_float8
 from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
@@ -46,6 +47,7 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
     else:
         modules = [full]
     for module in modules:
+        convert_float8(module, cfg.precision, spec.block_classes(module), fsdp=sharding.enabled)
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
             retie(module, spec.tied_parameters(cfg.model))

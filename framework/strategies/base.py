@@ -19,6 +19,7 @@ from framework.config.schema import ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import checkpoint_activations, validate_activation_checkpointing
+from framework.parallel.float8 import convert_float8
 from framework.parallel.compile import compile_blocks
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
@@ -278,6 +279,7 @@ class TorchStrategy(Strategy):
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         model = model_factory().to(self.device)
+        convert_float8(model, self.cfg.precision, model_factory.spec.block_classes(model), fsdp=False)
         checkpoint_activations(model, self.cfg.activation_checkpointing, model_factory.spec)
         compile_blocks(model, self.cfg, model_factory.spec)
         self.model = self.wrap_model(model)

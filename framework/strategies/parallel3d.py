@@ -56,7 +56,7 @@ class Parallel3DStrategy(TorchStrategy):
     # bf16: FSDP2 all-gathers in precision.param_dtype and reduces in reduce_dtype (the same policy as
     # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
-    precisions = ("fp32", "bf16")
+    precisions = ("fp32", "bf16", "float8")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
@@ -114,6 +114,9 @@ class Parallel3DStrategy(TorchStrategy):
         dims = ParallelDims.from_config(p, world_size)
         spec = spec_for(model)
         spec.validate_layout(cfg, dims.tp, dims.pp)
+        if cfg.precision.name == "float8" and dims.tp > 1:
+            raise ConfigError("precision", f"float8 under parallel.tp={dims.tp} is not built (torchao's float8 "
+                                           f"tensor-parallel styles); use parallel.tp=1 or precision=bf16")
         if not spec.init_by_name:
             raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
                                                 f"rank's shards by parameter name; {model._target_} (model spec "
