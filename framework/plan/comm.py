@@ -22,6 +22,16 @@ from framework.plan.shapes import ParamShape
 REDUCE_BYTES = 4        # gradients are reduced in fp32 unless a policy says otherwise
 
 
+def _gathered_bytes(layout: Layout, shapes: list[ParamShape], gather_bytes: int) -> int:
+    """One FSDP2 all-gather of every unit: float8 (tensorwise) sends the blocks' 2-D linear weights at one byte
+    a parameter (framework/parallel/float8.py converts those whose dims divide by 16)."""
+    def nbytes(s: ParamShape) -> int:
+        float8 = (layout.float8_gather and block_of(s.name) is not None and len(s.full) == 2
+                  and all(d % 16 == 0 for d in s.full))
+        return s.tp_numel * (1 if float8 else gather_bytes)
+    return sum(nbytes(s) for s in shapes)
+
+
 def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int, n_layers: int,
                reduce_bytes: int = REDUCE_BYTES, last_stage: bool = True) -> dict[str, int]:
     """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head."""
@@ -45,7 +55,7 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
                 out["dp/all_reduce"] = tp_local * act
         elif layout.dp_shard > 1:
             gathers, syncs = fsdp_passes(layout)
-            out["dp_shard/all_gather"] = gathers * tp_local * gather_bytes
+            out["dp_shard/all_gather"] = gathers * _gathered_bytes(layout, shapes, gather_bytes)
             out["dp_shard/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
                 out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.dp_shard) * reduce_bytes

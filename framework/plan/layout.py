@@ -27,7 +27,8 @@ class Layout:
     micro_batch: int            # sequences per forward on one rank
     accumulation: int           # forwards per optimizer step on one rank (pipeline: its micro-batches)
     seq_len: int
-    precision: str              # fp32 | bf16 | fp16
+    precision: str              # fp32 | bf16 | fp16 | float8
+    float8_gather: bool = False  # FSDP2 all-gathers the blocks' linear weights in float8 (tensorwise recipe)
 
     @property
     def dp(self) -> int:
@@ -89,4 +90,5 @@ def layout_of(cfg, world_size: int) -> Layout:
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
         micro_batch=micro, accumulation=microbatches if pp > 1 else share // micro,
-        seq_len=cfg.data.seq_len, precision=cfg.precision.name)
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name,
+        float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise")
