@@ -155,3 +155,21 @@ def test_selective_mode_names_its_successors(compose_config):
     cfg = compose_config(["activation_checkpointing=selective", "activation_checkpointing.mode=selective"])
     with pytest.raises(ConfigError, match="'selective' is now 'layer'.*or 'op'"):
         validate(cfg, 1, strategy_class(cfg.parallel.name))
+
+
+def test_planner_measures_op_level_between_full_and_none(compose_config):
+    """The planner runs the model with the configured checkpointing and counts what stays alive, so the
+    op policy's kept matmul and attention outputs (which saved-tensor hooks never see) are in its bytes."""
+    from framework.plan.activations import measure
+
+    def block_bytes(*args):
+        cfg = compose_config(["model=tiny", "data.seq_len=64", *args])
+        return sum(sum(b.values()) for b in measure(cfg, 2, 64).blocks)
+
+    none, full = block_bytes(), block_bytes("activation_checkpointing=full")
+    op = block_bytes("activation_checkpointing=selective", "activation_checkpointing.mode=op")
+    assert full < op < none
+    kept = {mode: kept_bytes(build(mode)[0]) for mode in ("none", "op")}
+    # the same share of a block's activations kept, in the planner's count and in the live-tensor count
+    assert (op - full) / (none - full) == pytest.approx(
+        (kept["op"] - kept_bytes(build("full")[0])) / (kept["none"] - kept_bytes(build("full")[0])), abs=0.1)

@@ -96,3 +96,19 @@ def test_chunked_loss_refusals_name_the_key(compose_config, args, expected):
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError, match=expected):
         validate(cfg, world.world_size_for(cfg, cls), cls)
+
+
+def test_planner_counts_one_chunk_of_logits(compose_config):
+    """The planner measures what the loss keeps after its forward (framework/plan/activations.py runs it):
+    with chunks, the tail no longer holds the micro-batch's fp32 logits (nor the log-softmax saved for them)."""
+    from framework.plan.activations import measure
+    micro, seq = 2, 64
+
+    def tail_bytes(*args):
+        cfg = compose_config(["model=tiny", f"data.seq_len={seq}", *args])
+        return sum(measure(cfg, micro, seq).tail.values()), cfg
+
+    whole, cfg = tail_bytes()
+    chunked, _ = tail_bytes("model.loss_chunk_tokens=16")
+    logits, one_chunk = micro * seq * cfg.model.vocab_size * 4, 16 * cfg.model.vocab_size * 4
+    assert whole - chunked >= logits - one_chunk
