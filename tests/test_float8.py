@@ -71,7 +71,7 @@ def test_emulated_float8_trains_within_tolerance_of_bf16_and_its_checkpoint_move
 def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_config):
     """(The collective counters cannot run beside torchao's float8 subclasses; the planner's float8 all-gather
     is held instead against the parameters convert_float8 actually converts.)"""
-    from framework.plan.comm import comm_bytes
+    from framework.plan.comm import comm_bytes, fsdp_passes
     from framework.plan.layout import layout_of
     from framework.plan.shapes import rank_parameters
     from framework.models.factory import ModelFactory
@@ -80,15 +80,15 @@ def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_confi
         cfg = compose_config(["parallel=fsdp", "zero=stage3", "model=small", *args])
         validate(cfg, 2, strategy_class("fsdp"))
         layout = layout_of(cfg, 2)
-        return comm_bytes(layout, rank_parameters(cfg, layout), 0, 0, 0)["dp_shard/all_gather"], cfg
+        return comm_bytes(layout, rank_parameters(cfg, layout), 0, 0, 0)["dp_shard/all_gather"], cfg, layout
 
-    bf16, _ = gathered("precision=bf16")
-    float8, cfg = gathered(*EMULATED)
-    rowwise, _ = gathered(*EMULATED, "precision.float8_recipe=rowwise")
+    bf16, _, _ = gathered("precision=bf16")
+    float8, cfg, layout = gathered(*EMULATED)
+    rowwise, _, _ = gathered(*EMULATED, "precision.float8_recipe=rowwise")
     model = ModelFactory(cfg).meta()
     converted = convert_float8(model, cfg.precision, model.block_classes(), fsdp=True)
     converted_params = sum(model.get_submodule(name).weight.numel() for name in converted)
-    gathers = bf16 // (2 * sum(p.numel() for p in model.parameters()))  # FSDP's all-gathers a step, at 2 bytes
+    gathers, _ = fsdp_passes(layout)                                    # each block unit's all-gathers a step
     assert rowwise == bf16                                              # rowwise gathers bf16
     assert gathers >= 1 and converted_params > 0
     assert bf16 - float8 == gathers * converted_params                  # 2 bytes -> 1 for each converted weight

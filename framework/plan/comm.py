@@ -23,12 +23,17 @@ REDUCE_BYTES = 4        # gradients are reduced in fp32 unless a policy says oth
 
 
 def _gathered_bytes(layout: Layout, shapes: list[ParamShape], gather_bytes: int) -> int:
-    """One FSDP2 all-gather of every unit: float8 (tensorwise) sends the blocks' 2-D linear weights at one byte
-    a parameter (framework/parallel/float8.py converts those whose dims divide by 16)."""
+    """FSDP2's all-gather bytes a step. The root unit (what no block holds) stays gathered from its forward to
+    its backward (framework/parallel/fsdp.py), so it is gathered as ZeRO-2 gathers. float8 (tensorwise)
+    sends the blocks' 2-D linear weights at one byte a parameter (framework/parallel/float8.py converts
+    those whose dims divide by 16)."""
+    block_gathers, _ = fsdp_passes(layout)
+    root_gathers = root_fsdp_gathers(layout)
+
     def nbytes(s: ParamShape) -> int:
-        float8 = (layout.float8_gather and block_of(s.name) is not None and len(s.full) == 2
-                  and all(d % 16 == 0 for d in s.full))
-        return s.tp_numel * (1 if float8 else gather_bytes)
+        in_block = block_of(s.name) is not None
+        float8 = layout.float8_gather and in_block and len(s.full) == 2 and all(d % 16 == 0 for d in s.full)
+        return (block_gathers if in_block else root_gathers) * s.tp_numel * (1 if float8 else gather_bytes)
     return sum(nbytes(s) for s in shapes)
 
 
@@ -54,8 +59,8 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
             else:
                 out["dp/all_reduce"] = tp_local * act
         elif layout.dp_shard > 1:
-            gathers, syncs = fsdp_passes(layout)
-            out["dp_shard/all_gather"] = gathers * _gathered_bytes(layout, shapes, gather_bytes)
+            _, syncs = fsdp_passes(layout)
+            out["dp_shard/all_gather"] = _gathered_bytes(layout, shapes, gather_bytes)
             out["dp_shard/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
                 out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.dp_shard) * reduce_bytes
@@ -79,6 +84,11 @@ def fsdp_passes(layout: Layout) -> tuple[int, int]:
     if layout.pp > 1:
         return (mb + 1 if layout.zero == 3 else 1), 1
     return (2 if layout.zero == 3 else 1) * mb, mb
+
+
+def root_fsdp_gathers(layout: Layout) -> int:
+    """All-gathers of the root FSDP2 unit a step: it does not reshard after forward, whatever the stage."""
+    return 1 if layout.pp > 1 else layout.accumulation
 
 
 def block_of(name: str) -> str | None:
@@ -157,7 +167,8 @@ def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int
             calls["dp"] = mb * units * (gathers + 1)
         elif layout.dp_shard > 1:
             gathers, syncs = fsdp_passes(layout)
-            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1))
+            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1)) \
+                - (gathers - root_fsdp_gathers(layout))     # the root does not gather again for backward
         else:
             calls["dp"] = buckets
     layers = n_layers // layout.pp
