@@ -1,21 +1,34 @@
-"""The training loss: next-token cross-entropy in fp32 over (..., vocab) logits. The trainer trains with it
-and the planner measures and times with it.
+"""The training loss: next-token cross-entropy in fp32 over (..., vocab) logits, the mean over the targets
+that are not ignore_index (-100). The trainer trains with it and the planner measures and times with it.
 
 `micro_batch_weight` is the factor a strategy scales one micro-batch's loss by before backward (1/n for
 n accumulated micro-batches): a model that adds a loss of its own to the graph (MoE balancing) weights
-it alike, so the step's gradient does not depend on how the batch is split."""
+it alike, so the step's gradient does not depend on how the batch is split.
+
+A model that owns its output head may instead return its final hidden states and leave the head to the
+loss (`deferred_logits`, what model.loss_chunk_tokens > 0 does in training): the loss then projects,
+upcasts and scores `chunk_tokens` tokens at a time, each chunk under torch.utils.checkpoint, so neither
+the forward nor the backward ever holds more than one chunk's fp32 logits (and their gradient). Same
+value and gradient as projecting everything at once, up to the order of the sums.
+
+The head travels beside the tensor, not on it: wrappers between the model and the loss (FSDP2's
+backward hooks, DeepSpeed's engine, a pipeline stage) may hand on a new tensor object. Every caller
+computes a micro-batch's loss right after its forward, in the same thread, so a per-thread queue pairs
+them; a shape that does not match the deferred hidden states is a bug and raises.
+"""
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections import deque
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE_INDEX = -100     # F.cross_entropy's default: targets equal to it add nothing and are not counted
 
 _weight = [1.0]
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
 @contextlib.contextmanager
@@ -30,3 +43,44 @@ def weighted_micro_batch(weight: float):
 
 def micro_batch_weight() -> float:
     return _weight[0]
+
+
+_deferred = threading.local()
+
+
+def _queue() -> deque:
+    if not hasattr(_deferred, "heads"):
+        _deferred.heads = deque()
+    return _deferred.heads
+
+
+def deferred_logits(hidden: torch.Tensor, head, chunk_tokens: int) -> torch.Tensor:
+    """Return `hidden` (..., dim); the next `cross_entropy` on this thread computes head(hidden) by chunks."""
+    _queue().append((head, chunk_tokens, hidden.shape))
+    return hidden
+
+
+def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if _queue():
+        head, chunk_tokens, shape = _queue().popleft()
+        if output.shape != shape:
+            raise RuntimeError(f"the loss got a {tuple(output.shape)} output where the model deferred its head "
+                               f"on {tuple(shape)} hidden states")
+        return chunked_cross_entropy(output, head, targets, chunk_tokens)
+    return F.cross_entropy(output.flatten(0, -2).float(), targets.flatten())
+
+
+def _chunk_loss_sum(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """mean cross_entropy(head(hidden), targets) with at most `chunk_tokens` tokens' logits alive at once."""
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for h, t in zip(hidden.split(chunk_tokens), targets.split(chunk_tokens)):
+        if torch.is_grad_enabled():
+            total = total + checkpoint(_chunk_loss_sum, head, h, t, use_reentrant=False)
+        else:
+            total = total + _chunk_loss_sum(head, h, t)
+    return total / (targets != IGNORE_INDEX).sum()

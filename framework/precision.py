@@ -2,6 +2,7 @@
 
 fp32 is the identity. bf16 and fp16 run the forward under torch.autocast (parameters, gradients
 and optimizer states stay fp32); fp16 adds dynamic loss scaling, whose skipped steps are counted.
+float8 is bf16 autocast around blocks whose linears torchao converts (framework/parallel/float8.py).
 Strategies that express precision in their own terms (FSDP2's MixedPrecisionPolicy, DeepSpeed's
 bf16/fp16 sections) build the plug-in with autocast=False and keep only its loss scaling.
 """
@@ -17,7 +18,8 @@ from framework.errors import ConfigError
 from framework import devices
 
 #: precision.name -> the compute dtype it means (precision.param_dtype must agree)
-COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float8": "bfloat16"}
+FLOAT8_RECIPES = ("tensorwise", "rowwise")
 #: dtype name (precision.param_dtype / reduce_dtype) -> torch dtype; the one such map in the framework
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,10 +47,28 @@ def validate_precision(cfg) -> None:
             f"fp32{' or bf16' if p.name == 'fp16' else ''}"
         raise ConfigError("precision", f"{where} cannot train in {p.param_dtype} natively; "
                                        f"use precision={alternative}")
+    if p.name == "float8":
+        validate_float8(p, kind)
     if p.name == "fp16":
         if p.init_scale <= 0 or p.growth_factor <= 1 or not 0 < p.backoff_factor < 1 or p.growth_interval <= 0:
             raise ConfigError("precision", "loss scaling needs init_scale > 0, growth_factor > 1, "
                                            "0 < backoff_factor < 1 and growth_interval > 0")
+
+
+def validate_float8(p, kind: str) -> None:
+    import importlib.util
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("precision", "precision=float8 needs torchao: pip install 'framework[float8]'")
+    if p.float8_recipe not in FLOAT8_RECIPES:
+        raise ConfigError("precision.float8_recipe", f"unknown recipe {p.float8_recipe!r}; use "
+                                                     f"{' or '.join(FLOAT8_RECIPES)}")
+    if p.float8_emulate:
+        return
+    capability = torch.cuda.get_device_capability(devices.local_gpu()) if kind == "cuda" else None
+    if capability is None or capability < (8, 9):
+        where = f"GPU compute capability {capability[0]}.{capability[1]}" if capability else "the cpu"
+        raise ConfigError("precision", f"{where} has no float8 matmuls (CUDA 8.9+: Ada, Hopper, Blackwell); use "
+                                       f"precision=bf16 (precision.float8_emulate=true only checks numerics, slowly)")
 
 
 @functools.cache

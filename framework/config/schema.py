@@ -18,7 +18,7 @@ from omegaconf import MISSING
 
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.optim.schedulers import SCHEDULES
-from framework.precision import COMPUTE_DTYPES, DTYPES
+from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 
 
 class OneOf:
@@ -60,10 +60,12 @@ class ZeroConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: OneOf[COMPUTE_DTYPES] = "fp32"
+    name: OneOf[COMPUTE_DTYPES] = "fp32"                   # fp32 | bf16 | fp16 | float8
     param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
+    float8_recipe: OneOf[FLOAT8_RECIPES] = "tensorwise"   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
+    float8_emulate: bool = False        # float8: emulate the float8 matmuls (numerics only: tests, CPU)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -73,9 +75,11 @@ class PrecisionConfig:
 
 @dataclass
 class ActivationCheckpointingConfig:
-    mode: str = "none"          # none | full | selective
-    every_n_layers: int = 2     # selective: checkpoint every Nth block
-    save_matmuls: bool = False  # selective: inside checkpointed blocks keep matmul outputs, recompute the rest
+    # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept);
+    # a str, not a Literal: OmegaConf 2.3 rejects Literal annotations
+    mode: str = "none"
+    every_n_layers: int = 2     # layer: checkpoint every Nth block
+    save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
     block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 

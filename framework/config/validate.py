@@ -27,6 +27,7 @@ from framework.data.sources import DataError, check_token_range, path_kind, sour
 from framework.devices import check_visible_gpus
 from framework.models import hf_files
 from framework.models.spec import spec_for
+from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.preemption import signal_number
 
 EXAMPLE_TARGET = "framework.models.llama.Llama"
@@ -280,9 +281,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     _importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
-    if cfg.activation_checkpointing.mode not in ("none", "full", "selective"):
-        raise ConfigError("activation_checkpointing.mode",
-                          f"unknown mode {cfg.activation_checkpointing.mode!r}; use none, full or selective")
+    check_ac_mode(cfg.activation_checkpointing)
     validate_data_files(cfg)
     validate_sampling(cfg)
     validate_profile(cfg)

@@ -60,6 +60,8 @@ def matmul_dtype(precision_cfg) -> str:
     """The table column a step's matmuls run in."""
     if precision_cfg.name in ("bf16", "fp16"):
         return precision_cfg.name
+    if precision_cfg.name == "float8":
+        return "bf16"       # the model's FLOPs against the bf16 peak, so float8's gain shows as MFU
     return "tf32" if precision_cfg.get("allow_tf32", True) else "fp32"
 
 

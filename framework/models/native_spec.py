@@ -78,9 +78,20 @@ class NativeDecoderSpec(ModelSpec):
             raise ConfigError("model.dim", f"{model.dim} is not divisible by model.n_heads={model.n_heads}")
         if cfg.data.seq_len > model.max_seq_len:
             raise ConfigError("data.seq_len", f"{cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}")
+        if model.loss_chunk_tokens < 0:
+            raise ConfigError("model.loss_chunk_tokens", f"must be 0 (project all tokens at once) or a positive "
+                                                         f"number of tokens a chunk, got {model.loss_chunk_tokens}")
         if cfg.data.vocab_size > model.vocab_size:
             raise ConfigError("model.vocab_size", f"{model.vocab_size} is smaller than the data's vocabulary "
                                                   f"(data.vocab_size={cfg.data.vocab_size})")
+
+    def validate_layout(self, cfg, tp: int, pp: int) -> None:
+        # The tensor-parallel head hands back whole logits (a DTensor gathered over the vocabulary), so the
+        # chunked loss would gather each chunk's; not built: a vocabulary-parallel loss is the way there.
+        if tp > 1 and cfg.model.loss_chunk_tokens:
+            raise ConfigError("model.loss_chunk_tokens", f"the chunked loss does not run under parallel.tp={tp} "
+                                                         f"(the head is split over the vocabulary); use "
+                                                         f"model.loss_chunk_tokens=0 or parallel.tp=1")
 
     def hf_config(self, model_cfg) -> dict:
         return self.adapter.hf_config(self.args(model_cfg))

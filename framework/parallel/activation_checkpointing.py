@@ -1,7 +1,9 @@
 """Activation checkpointing of a model's blocks with torch.utils.checkpoint.
 
-`full` recomputes every block in backward, `selective` every Nth block (every_n_layers), optionally
-saving matmul outputs inside the recomputed blocks (save_matmuls) so only cheap ops are redone.
+`full` recomputes every block in backward; `layer` every Nth block (every_n_layers), optionally
+saving matmul outputs inside the recomputed blocks (save_matmuls) so only cheap ops are redone; `op`
+checkpoints every block under torch's selective-checkpoint policy: the outputs of matmuls and of
+attention are kept, everything else (norms, activations, rotary, residual adds) is recomputed.
 
 The block's own `forward` is replaced on the instance instead of wrapping the block in another
 module, so parameter and state-dict names stay exactly those of the plain model (checkpoints load
@@ -20,19 +22,27 @@ from framework.errors import ConfigError
 from framework.models.spec import ModelSpec, spec_for
 from framework.parallel.blocks import find_blocks
 
-MODES = ("none", "full", "selective")
+MODES = ("none", "full", "layer", "op")
 
 _MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
             torch.ops.aten.linear.default}
+# Every backend scaled_dot_product_attention may dispatch to (what the dispatcher sees is the backend op).
+_ATTENTION = {getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_attention_math") if hasattr(torch.ops.aten, name)}
 
 
 def _save_matmuls(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _checkpointed_forward(forward, save_matmuls: bool):
-    context_fn = (functools.partial(create_selective_checkpoint_contexts, _save_matmuls) if save_matmuls
-                  else None)
+def _save_matmuls_and_attention(ctx, op, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if op in _MATMULS or op in _ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _checkpointed_forward(forward, policy):
+    context_fn = functools.partial(create_selective_checkpoint_contexts, policy) if policy else None
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
@@ -43,14 +53,25 @@ def _checkpointed_forward(forward, save_matmuls: bool):
     return run
 
 
+def check_mode(ac) -> None:
+    if ac.mode == "selective":     # the name `layer` had before `op` existed
+        raise ConfigError("activation_checkpointing.mode", "'selective' is now 'layer' (every_n_layers blocks; what "
+                                                           "activation_checkpointing=selective sets) or 'op' (keep "
+                                                           "matmul and attention outputs in every block)")
+    if ac.mode not in MODES:
+        raise ConfigError("activation_checkpointing.mode", f"unknown mode {ac.mode!r}; use {', '.join(MODES)}")
+
+
 def validate_activation_checkpointing(cfg) -> None:
     ac = cfg.activation_checkpointing
+    check_mode(ac)
     if ac.mode == "none":
         return
-    if ac.mode == "selective" and ac.every_n_layers < 1:
+    if ac.mode == "layer" and ac.every_n_layers < 1:
         raise ConfigError("activation_checkpointing.every_n_layers", f"must be at least 1, got {ac.every_n_layers}")
-    if ac.save_matmuls and ac.mode != "selective":
-        raise ConfigError("activation_checkpointing.save_matmuls", "applies to activation_checkpointing=selective")
+    if ac.save_matmuls and ac.mode != "layer":
+        raise ConfigError("activation_checkpointing.save_matmuls",
+                          "applies to activation_checkpointing.mode=layer (mode=op always keeps matmul outputs)")
     if not ac.block_classes and not spec_for(cfg.model).has_blocks(cfg.model):
         raise ConfigError("activation_checkpointing.block_classes",
                           f"{cfg.model._target_} has no block_classes(); name the classes to checkpoint")
@@ -60,7 +81,7 @@ def selected_blocks(model: nn.Module, ac_cfg, block_classes: Iterable[str | type
     if ac_cfg.mode == "none":
         return []
     blocks = find_blocks(model, block_classes)
-    every = 1 if ac_cfg.mode == "full" else ac_cfg.every_n_layers
+    every = ac_cfg.every_n_layers if ac_cfg.mode == "layer" else 1
     return [name for i, (name, _) in enumerate(blocks) if (i + 1) % every == 0]
 
 
@@ -69,10 +90,11 @@ def apply_activation_checkpointing(model: nn.Module, ac_cfg, block_classes: Iter
     if ac_cfg.mode not in MODES:
         raise ValueError(f"unknown activation checkpointing mode {ac_cfg.mode!r}; use {', '.join(MODES)}")
     names = selected_blocks(model, ac_cfg, block_classes)
-    save_matmuls = ac_cfg.mode == "selective" and ac_cfg.save_matmuls
+    policy = {"op": _save_matmuls_and_attention,
+              "layer": _save_matmuls if ac_cfg.save_matmuls else None}.get(ac_cfg.mode)
     for name in names:
         block = model.get_submodule(name)
-        block.forward = _checkpointed_forward(block.forward, save_matmuls)
+        block.forward = _checkpointed_forward(block.forward, policy)
     return names
 
 

@@ -44,5 +44,7 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: boo
     # Innermost first: fully_shard on a parent leaves out parameters its children already manage.
     for _, block in reversed(find_blocks(model, block_classes)):
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    # The root (embedding, final norm, head) stays gathered from its forward to its backward, which follows
+    # at once (torch's own choice for a root); a chunked loss (model.loss_chunk_tokens) runs the head then.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     return model

@@ -1,8 +1,8 @@
 """The one parallelize path of the torch-native sharded layouts (parallel=fsdp is parallel=3d with tp = pp = 1).
 
-Order, as torch's composable APIs expect: pipeline split -> tensor parallel -> expert parallel (MoE experts
-over the data-parallel ranks, left out of FSDP) -> activation checkpointing -> compile (per block) -> FSDP2
-over the data-parallel dims -> materialise. Where the model
+Order, as torch's composable APIs expect: pipeline split -> float8 linears -> tensor parallel -> expert
+parallel (MoE experts over the data-parallel ranks, left out of FSDP) -> activation checkpointing -> compile
+(per block) -> FSDP2 over the data-parallel dims -> materialise. Where the model
 spec can fill a parameter from (seed, name), the model is built on the meta device and every rank
 allocates only its own shards; otherwise (a model the framework knows nothing about) it is built in
 full on every rank from torch's seed and then sharded.
@@ -20,6 +20,7 @@ from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.expert_parallel import apply_expert_parallel
+from framework.parallel.float8 import convert_float8
 from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
@@ -55,6 +56,7 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
                           block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
 
     for module in modules:
+        convert_float8(module, cfg.precision, spec.block_classes(module), fsdp=sharding.enabled)
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
             retie(module, spec.tied_parameters(cfg.model))

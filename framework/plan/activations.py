@@ -175,7 +175,7 @@ def _measure(key, cfg) -> ActivationProfile:
                                lambda: bool(stack) and stack[-1] in block_names)
         precision = cfg.precision.name
         autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
-                    if precision in ("bf16", "fp16") else torch.autocast("cpu", enabled=False))
+                    if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
         with tracker, autocast:
             logits = model(tokens)
             loss = cross_entropy(logits, tokens)

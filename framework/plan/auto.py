@@ -23,6 +23,8 @@ SIMPLER = ("single", "ddp", "fsdp", "3d", "deepspeed")
 # Sequences at least this long also try context parallelism (cp > 1) in parallel=3d: below it one rank's
 # activations are rarely what does not fit, and the key/value gathers cost more than they save.
 LONG_SEQUENCE = 16384
+#: the activation_checkpointing modes auto weighs, least recomputation first, and the group that selects each
+AC_GROUP = {"none": "none", "layer": "selective", "full": "full"}
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Candidate:
             out.append("zero.offload_optimizer=true")
         out += [f"parallel.{k}={v}" for k, v in self.parallel]
         if self.ac != "none":
-            out.append(f"activation_checkpointing={self.ac}")
+            out.append(f"activation_checkpointing={AC_GROUP[self.ac]}")
         out.append(f"trainer.micro_batch_size={self.micro_batch}")
         return out
 
@@ -63,7 +65,7 @@ class Candidate:
             keep.append(f"{key}={value}")
         head = [f"parallel={self.strategy}"] + ([f"zero=stage{self.zero}"] if self.zero else []) \
             + (["offload_optimizer"] if self.offload else [])
-        tail = ([f"ac={self.ac}"] if self.ac != "none" else []) + [f"micro_batch={self.micro_batch}"]
+        tail = ([f"ac={AC_GROUP[self.ac]}"] if self.ac != "none" else []) + [f"micro_batch={self.micro_batch}"]
         return " ".join(head + keep + tail)
 
 
@@ -79,7 +81,7 @@ def _micro_batches(global_batch: int, dp: int) -> list[int]:
 def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Candidate]:
     spec = spec_for(cfg.model)
     layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 1
-    acs = ("none", "selective", "full") if spec.has_blocks(cfg.model) else ("none",)
+    acs = tuple(AC_GROUP) if spec.has_blocks(cfg.model) else ("none",)
     gb = cfg.trainer.global_batch_size
     out: list[Candidate] = []
 
@@ -174,7 +176,7 @@ def simplicity(cand: Candidate) -> tuple:
     """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
     parallel = dict(cand.parallel)
     ways = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
-    return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, ("none", "selective", "full").index(cand.ac)
+    return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, tuple(AC_GROUP).index(cand.ac)
 
 
 def _why(ranked: list[tuple[Candidate, Plan]]) -> str:

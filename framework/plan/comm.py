@@ -27,6 +27,22 @@ from framework.plan.shapes import ParamShape
 REDUCE_BYTES = 4        # gradients are reduced in fp32 unless a policy says otherwise
 
 
+def _gathered_bytes(layout: Layout, shapes: list[ParamShape], gather_bytes: int) -> int:
+    """FSDP2's all-gather bytes a step. The root unit (what no block holds) stays gathered from its forward to
+    its backward (framework/parallel/fsdp.py), so it is gathered as ZeRO-2 gathers. float8 (tensorwise)
+    sends the blocks' 2-D linear weights at one byte a parameter (framework/parallel/float8.py converts
+    those whose dims divide by 16)."""
+    block_gathers, _ = fsdp_passes(layout)
+    root_gathers = root_fsdp_gathers(layout)
+
+    def nbytes(s: ParamShape) -> int:
+        in_block = block_of(s.name) is not None
+        float8 = layout.float8_gather and in_block and len(s.full) == 2 and all(d % 16 == 0 for d in s.full)
+        return (block_gathers if in_block else root_gathers) * s.tp_numel * (1 if float8 else gather_bytes)
+    # expert-parallel experts are left out of FSDP
+    return sum(nbytes(s) for s in shapes if not (s.expert and layout.ep > 1))
+
+
 def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int, n_layers: int,
                reduce_bytes: int = REDUCE_BYTES, last_stage: bool = True, kv_dim: int = 0) -> dict[str, int]:
     """SHAPES: the parameters of one rank (its pipeline stages); LAST_STAGE: it holds the head;
@@ -51,9 +67,9 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
             else:
                 out["dp/all_reduce"] = tp_local * act
         elif layout.shard_ranks > 1:
-            gathers, syncs = fsdp_passes(layout)
+            _, syncs = fsdp_passes(layout)
             shard = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
-            out[f"{shard}/all_gather"] = gathers * tp_local * gather_bytes
+            out[f"{shard}/all_gather"] = _gathered_bytes(layout, shapes, gather_bytes)
             out[f"{shard}/reduce_scatter"] = syncs * tp_local * reduce_bytes
             if layout.dp_replicate > 1:
                 out["dp_replicate/all_reduce"] = syncs * (tp_local // layout.shard_ranks) * reduce_bytes
@@ -90,6 +106,11 @@ def fsdp_passes(layout: Layout) -> tuple[int, int]:
         return (mb + 1 if layout.zero == 3 else 1), 1
     # parallel=3d turns gradient sync off but for the last micro-batch (fsdp reduces every one)
     return (2 if layout.zero == 3 else 1) * mb, 1 if layout.strategy == "3d" else mb
+
+
+def root_fsdp_gathers(layout: Layout) -> int:
+    """All-gathers of the root FSDP2 unit a step: it does not reshard after forward, whatever the stage."""
+    return 1 if layout.pp > 1 else layout.accumulation
 
 
 def block_of(name: str) -> str | None:
@@ -168,7 +189,8 @@ def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int
             calls["dp"] = mb * units * (gathers + 1)
         elif layout.shard_ranks > 1:
             gathers, syncs = fsdp_passes(layout)
-            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1))
+            calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1)) \
+                - (gathers - root_fsdp_gathers(layout))     # the root does not gather again for backward
         else:
             calls["dp"] = buckets
     layers = n_layers // layout.pp

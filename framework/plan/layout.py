@@ -22,14 +22,15 @@ class Layout:
     pp_schedule: str
     pp_microbatches: int        # pipeline micro-batches per step (1 without a pipeline)
     virtual_stages: int
-    ac: str                     # none | full | selective
+    ac: str                     # activation_checkpointing.mode: none | full | layer | op
     ac_every: int
     micro_batch: int            # sequences per forward on one rank
     accumulation: int           # forwards per optimizer step on one rank (pipeline: its micro-batches)
     seq_len: int
-    precision: str              # fp32 | bf16 | fp16
+    precision: str              # fp32 | bf16 | fp16 | float8
     cp: int = 1                 # context parallel: ranks that split each sequence (3d)
     ep: int = 1                 # expert parallelism: MoE experts sharded over this many data-parallel ranks
+    float8_gather: bool = False  # FSDP2 all-gathers the blocks' linear weights in float8 (tensorwise recipe)
 
     @property
     def shard_ranks(self) -> int:
@@ -96,4 +97,5 @@ def layout_of(cfg, world_size: int) -> Layout:
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
         micro_batch=batch.forward_batch, accumulation=batch.accumulation,
-        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp, ep=p.get("ep", 1) if name == "3d" else 1)
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp, ep=p.get("ep", 1) if name == "3d" else 1,
+        float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise")

@@ -175,7 +175,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     spec = spec_for(cfg.model)
     tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
     flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
-    recompute = {"full": 4 / 3, "selective": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
+    # op keeps every matmul and attention output: what it recomputes (norms, activations) has no FLOPs to speak of
+    recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)
     timed = None
     if device.name == "cpu" and layout.precision == "fp32":

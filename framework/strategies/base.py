@@ -22,6 +22,7 @@ from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import validate_activation_checkpointing
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.build_order import checkpoint_compile_wrap
+from framework.parallel.float8 import convert_float8
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -271,8 +272,9 @@ class TorchStrategy(Strategy):
         self.precision.backward(loss)
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
-        self.model = checkpoint_compile_wrap(model_factory().to(self.device), self.cfg, model_factory.spec,
-                                             self.wrap_model)
+        model = model_factory().to(self.device)
+        convert_float8(model, self.cfg.precision, model_factory.spec.block_classes(model), fsdp=False)
+        self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 

@@ -35,8 +35,8 @@ class DDPStrategy(TorchStrategy):
     zero_support = {0: None, 1: None,
                     2: "gradient sharding is done by parallel=fsdp or parallel=deepspeed",
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
-    precisions = ("fp32", "bf16", "fp16")
-    activation_checkpointing = ("none", "full", "selective")
+    precisions = ("fp32", "bf16", "fp16", "float8")
+    activation_checkpointing = ("none", "full", "layer", "op")
     worker_modules = (*TorchStrategy.worker_modules, "torch.nn.parallel",
                       "torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
 

@@ -35,8 +35,8 @@ class FSDPStrategy(TorchStrategy):
                     1: "sharding only optimizer states is parallel=ddp zero=stage1 (or parallel=deepspeed); "
                        "fsdp does zero=stage2 and zero=stage3",
                     2: None, 3: None}
-    precisions = ("fp32", "bf16", "fp16")
-    activation_checkpointing = ("none", "full", "selective")
+    precisions = ("fp32", "bf16", "fp16", "float8")
+    activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
 

@@ -55,11 +55,11 @@ class Parallel3DStrategy(TorchStrategy):
     zero_support = {0: None, 2: None, 3: None,
                     1: "FSDP2 shards gradients together with optimizer states: use zero=stage2, "
                        "or parallel=ddp zero=stage1"}
-    activation_checkpointing = ("none", "full", "selective")
+    activation_checkpointing = ("none", "full", "layer", "op")
     # bf16: FSDP2 all-gathers in precision.param_dtype and reduces in reduce_dtype (the same policy as
     # parallel=fsdp); autocast covers what FSDP does not wrap (dp=1); fp32 master weights. fp16 would
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
-    precisions = ("fp32", "bf16")
+    precisions = ("fp32", "bf16", "float8")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp", "ep")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
@@ -124,6 +124,9 @@ class Parallel3DStrategy(TorchStrategy):
         if p.ep != 1 and p.ep != dims.dp:
             raise ConfigError("parallel.ep", f"experts shard over all data-parallel ranks or none: use parallel.ep="
                                              f"{dims.dp} (dp_replicate x dp_shard) or 1, got {p.ep}")
+        if cfg.precision.name == "float8" and dims.tp > 1:
+            raise ConfigError("precision", f"float8 under parallel.tp={dims.tp} is not built (torchao's float8 "
+                                           f"tensor-parallel styles); use parallel.tp=1 or precision=bf16")
         if not spec.init_by_name:
             raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
                                                 f"rank's shards by parameter name; {model._target_} (model spec "

@@ -5,8 +5,8 @@ class SingleDeviceStrategy(TorchStrategy):
     """One process, one device: the reference every parallel layout is checked against."""
     name = "single"
     needs_process_group = False
-    precisions = ("fp32", "bf16", "fp16")
-    activation_checkpointing = ("none", "full", "selective")
+    precisions = ("fp32", "bf16", "fp16", "float8")
+    activation_checkpointing = ("none", "full", "layer", "op")
     zero_support = {0: None,
                     1: "sharding needs several ranks: use parallel=ddp (stage1), fsdp or deepspeed",
                     2: "sharding needs several ranks: use parallel=fsdp or deepspeed",

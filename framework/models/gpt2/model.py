@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from framework.loss import deferred_logits
 from framework.models.positions import token_positions
 from framework.models.seeding import param_seed
 
@@ -29,6 +30,8 @@ class GPT2Args:
     max_seq_len: int = 1024
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    loss_chunk_tokens: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -117,7 +120,11 @@ class GPT2(nn.Module):
             h = layer(h)
         if self.ln_f is not None:
             h = self.ln_f(h)
-        return self.lm_head(h).float() if self.lm_head is not None else h
+        if self.lm_head is None:
+            return h
+        if self.training and self.args.loss_chunk_tokens:
+            return deferred_logits(h, self.lm_head, self.args.loss_chunk_tokens)
+        return self.lm_head(h).float()
 
     def block_classes(self) -> tuple[type, ...]:
         return (Block,)

@@ -33,6 +33,7 @@ class GPT2Spec(NativeDecoderSpec):
         return TIED
 
     def validate_layout(self, cfg, tp: int, pp: int) -> None:
+        super().validate_layout(cfg, tp, pp)
         if cfg.model.n_heads % tp:
             raise ConfigError("model.n_heads", f"{cfg.model.n_heads} attention heads do not divide among "
                                                f"parallel.tp={tp} ranks")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from framework.loss import deferred_logits
 from framework.models.positions import token_positions
 from framework.models.seeding import param_seed
 
@@ -53,6 +54,8 @@ class LlamaArgs:
     max_seq_len: int = 2048
     tie_embeddings: bool = False
     init_std: float = 0.02
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    loss_chunk_tokens: int = 0
 
     @property
     def kv_heads(self) -> int:
@@ -196,7 +199,11 @@ class Llama(nn.Module):
             h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
-        return self.output(h).float() if self.output is not None else h
+        if self.output is None:
+            return h
+        if self.training and self.args.loss_chunk_tokens:
+            return deferred_logits(h, self.output, self.args.loss_chunk_tokens)
+        return self.output(h).float()
 
     def block_classes(self) -> tuple[type, ...]:
         return (TransformerBlock,)

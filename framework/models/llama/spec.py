@@ -61,6 +61,7 @@ class LlamaSpec(NativeDecoderSpec):
         validate_rope_scaling(model.get("rope_scaling"))
 
     def validate_layout(self, cfg, tp: int, pp: int) -> None:
+        super().validate_layout(cfg, tp, pp)
         model = cfg.model
         kv_heads = model.n_kv_heads or model.n_heads
         for key, heads in (("model.n_heads", model.n_heads), ("model.n_kv_heads", kv_heads)):
