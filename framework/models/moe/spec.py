@@ -80,10 +80,14 @@ class MoESpec(LlamaSpec):
                                                             "rank and need every token there; set it to false")
 
     def model_cfg_from_hf(self, hf):
+        layout = hf_adapter.LAYOUTS[hf.get("model_type")]
         cfg = super().model_cfg_from_hf(hf)
         cfg.pop("ffn_dim", None)
-        cfg.update({"_target_": MoEModelConfig._target_, "moe_ffn_dim": hf["intermediate_size"],
-                    "n_experts": hf["num_local_experts"], "top_k": hf["num_experts_per_tok"]})
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        cfg.update({"_target_": MoEModelConfig._target_, "moe_ffn_dim": hf[layout.ffn_key],
+                    "n_experts": hf[layout.n_experts_key], "top_k": hf["num_experts_per_tok"],
+                    "attn_head_dim": head_dim, "qk_norm": layout is hf_adapter.QWEN3_MOE,
+                    "norm_topk_prob": bool(hf.get("norm_topk_prob", True))})
         return cfg
 
 
