@@ -4,6 +4,7 @@ qk_norm and norm_topk_prob from config.json), and what Qwen3-MoE cannot compute 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from framework.config.validate import validate_initial_load
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
+from framework.errors import ConfigError
 from framework.loss import cross_entropy
 from framework.models.hf_files import LayoutError
 from framework.models.moe.spec import SPEC
@@ -99,3 +102,34 @@ def test_off_qk_norm_keeps_llama_parameter_names():
     assert not any("q_norm" in n or "k_norm" in n for n in names)
     assert {n for n in names if ".attention." in n} == {f"layers.{i}.attention.w{x}.weight"
                                                          for i in range(2) for x in "qkvo"}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"mlp_only_layers": [1]}, "mlp_only_layers=[1]"),
+    ({"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ({"use_sliding_window": True}, "use_sliding_window=True"),
+])
+def test_a_qwen3_moe_config_this_decoder_cannot_compute_is_refused_in_one_line(compose_config, exported, tmp_path,
+                                                                              change, words):
+    path, _ = exported
+    changed = tmp_path / "changed"
+    shutil.copytree(path, changed)
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, **change}))
+    cfg = compose_config(["model=moe_tiny", "model.attn_head_dim=16", f"checkpoint.initial_load={changed}"])
+    with pytest.raises(ConfigError) as e:
+        validate_initial_load(cfg, str(changed))
+    assert e.value.key == "checkpoint.initial_load" and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_mixtral_config_into_a_qk_norm_model_is_refused(compose_config, exported, tmp_path):
+    path, _ = exported
+    changed = tmp_path / "mixtral"
+    shutil.copytree(path, changed)
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, "model_type": "mixtral"}))
+    cfg = compose_config(["model=moe_tiny", "model.attn_head_dim=16", "model.qk_norm=true",
+                          f"checkpoint.initial_load={changed}"])
+    with pytest.raises(ConfigError) as e:
+        validate_initial_load(cfg, str(changed), {"model.qk_norm"})
+    assert e.value.key == "model.qk_norm" and "contradicts mixtral q/k norms=False" in str(e.value)

@@ -151,7 +151,8 @@ def function_values(hf: dict) -> list[tuple[str, str, object]]:
                 raise LayoutError(f"{key}={hf[key]}; this MoE decoder computes only {key}={ours}")
     # head_dim is a shape here (model.attn_head_dim, SHAPE_KEYS), not a Llama refusal
     values = llama.function_values({k: v for k, v in hf.items() if k != "head_dim"})
-    return values + [("model_type", "qk_norm", layout is QWEN3_MOE),
+    # no config.json key says it, the model_type does (a refusal reads "... contradicts mixtral q/k norms=False")
+    return values + [(f"{layout.model_type} q/k norms", "qk_norm", layout is QWEN3_MOE),
                      ("norm_topk_prob", "norm_topk_prob", bool(hf.get("norm_topk_prob", True)))]
 
 
