@@ -19,6 +19,7 @@ from framework.errors import ConfigError
 from framework.loss import cross_entropy
 from framework.models.hf_files import LayoutError
 from framework.models.moe.spec import SPEC
+from framework.models.spec import spec_for_hf
 from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework
 
 # Qwen3's own choices: head_dim apart from dim / n_heads, the top-k weights not renormalised
@@ -133,3 +134,18 @@ def test_a_mixtral_config_into_a_qk_norm_model_is_refused(compose_config, export
     with pytest.raises(ConfigError) as e:
         validate_initial_load(cfg, str(changed), {"model.qk_norm"})
     assert e.value.key == "model.qk_norm" and "contradicts mixtral q/k norms=False" in str(e.value)
+
+
+def test_qwen3_moe_exports_are_found_for_generation_with_their_shapes():
+    cfg = model_cfg(**QWEN3)
+    hf = SPEC.hf_config(cfg)
+    assert spec_for_hf(hf) is SPEC
+    back = model_cfg(**{k: v for k, v in SPEC.model_cfg_from_hf(hf).items() if k != "_target_"})
+    assert SPEC.num_params(back) == SPEC.num_params(cfg) and back.qk_norm and not back.norm_topk_prob
+
+
+def test_qk_norm_under_tensor_parallelism_is_refused(compose_config):
+    cfg = compose_config(["model=qwen3_30b_a3b", "parallel=3d", "parallel.tp=2", "parallel.pp=1"])
+    with pytest.raises(ConfigError) as e:
+        SPEC.validate_layout(cfg, 2, 1)
+    assert e.value.key == "model.qk_norm" and "parallel.tp=2" in str(e.value)

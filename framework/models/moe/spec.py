@@ -75,9 +75,17 @@ class MoESpec(LlamaSpec):
         if cfg.model.n_experts % ep:
             raise ConfigError("parallel.ep", f"model.n_experts={cfg.model.n_experts} experts do not divide among "
                                              f"parallel.ep={ep} ranks")
+        if tp > 1 and cfg.model.qk_norm:
+            # each tp rank normalises its own heads with the one replicated weight, whose gradient would
+            # then need a sum over tp that the plan does not make
+            raise ConfigError("model.qk_norm", f"the per-head q/k norms are not split by parallel.tp={tp}; "
+                                               f"use parallel.tp=1 (ep and pp take Qwen3-MoE shapes)")
         if tp > 1 and cfg.parallel.get("sequence_parallel"):
             raise ConfigError("parallel.sequence_parallel", "MoE layers run whole on every tensor-parallel "
                                                             "rank and need every token there; set it to false")
+
+    def reads_hf(self, model_type) -> bool:
+        return model_type in hf_adapter.LAYOUTS
 
     def model_cfg_from_hf(self, hf):
         layout = hf_adapter.LAYOUTS[hf.get("model_type")]
