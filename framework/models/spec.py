@@ -178,6 +178,10 @@ class ModelSpec:
     #: config.json's model_type of the Hugging Face models this family reads and writes
     hf_model_type: Optional[str] = None
 
+    def reads_hf(self, model_type) -> bool:
+        """Whether this family reads Hugging Face models of config.json's `model_type`."""
+        return bool(self.hf_model_type) and self.hf_model_type == model_type
+
     def model_cfg_from_hf(self, hf_config: dict) -> dict:
         """The model config (with _target_) whose shapes match an HF config.json (generation from an export)."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
@@ -223,7 +227,7 @@ def spec_for_hf(hf_config: dict) -> ModelSpec:
     """The spec whose Hugging Face model_type is config.json's."""
     for name in SPECS:
         spec = spec_named(name)
-        if spec.hf_model_type and spec.hf_model_type == hf_config.get("model_type"):
+        if spec.reads_hf(hf_config.get("model_type")):
             return spec
     raise ConfigError("model", f"no model spec reads Hugging Face model_type={hf_config.get('model_type')!r}")
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
+from framework.models.moe.balance import with_aux_loss
 
 
 def require_transformers():
@@ -64,7 +65,14 @@ class HFCausalLM(nn.Module):
                                                                        dtype=torch.float32)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=tokens, use_cache=False).logits
+        """Logits; a mixture-of-experts class whose config asks for output_router_logits (Mixtral, Qwen3-MoE)
+        also sends router_aux_loss_coef x its load-balancing loss into the gradient, weighted like the
+        micro-batch's LM loss (as our MoE family does), since the framework computes the loss itself."""
+        config = self.model.config
+        if not (self.training and getattr(config, "output_router_logits", False)):
+            return self.model(input_ids=tokens, use_cache=False).logits
+        out = self.model(input_ids=tokens, use_cache=False, output_router_logits=True)
+        return with_aux_loss(out.logits, out.aux_loss, getattr(config, "router_aux_loss_coef", 0.0))
 
     def block_classes(self) -> tuple[type, ...]:
         """The classes transformers itself keeps whole when it splits a model (`_no_split_modules`)."""

@@ -4,7 +4,8 @@ Each block's feed-forward is a router plus E SwiGLU experts; every token goes to
 (softmax or sigmoid scores, the chosen weights renormalised to sum to one as HF's classes do), plus an
 optional shared expert every token passes through. Dispatch is dropless: tokens are sorted by expert
 and each expert computes all of its tokens (no capacity, nothing dropped). Attention, norms and RoPE
-are our Llama's, so its tensor-parallel plan and HF rotary layout carry over.
+are our Llama's (plus Qwen3's optional per-head q/k norm), so its tensor-parallel plan and HF rotary
+layout carry over.
 
 Balancing (balance.py): `balance=aux_loss` adds the Switch/Mixtral auxiliary loss to the gradient,
 `balance=bias` moves a per-expert routing bias outside the gradient (DeepSeek-V3's auxiliary-loss-free
@@ -44,6 +45,7 @@ class MoEArgs(LlamaArgs):
     bias_update_rate: float = 0.001       # balance=bias: how far a step moves an expert's bias
     expert_compute: str = "auto"          # auto: torch._grouped_mm where the device has it, else a loop
     attn_head_dim: Optional[int] = None   # None = dim / n_heads; Qwen3 sets 128 with dim 2048 and 32 heads
+    qk_norm: bool = False                 # Qwen3: RMSNorm over each head's q and k before RoPE
 
     @property
     def head_dim(self) -> int:
@@ -53,6 +55,7 @@ class MoEArgs(LlamaArgs):
         """Everything but the routed experts, per the Llama count with the MLP swapped for router + shared."""
         d = self.dim
         attn = 2 * d * self.n_heads * self.head_dim + 2 * d * self.kv_heads * self.head_dim
+        attn += 2 * self.head_dim if self.qk_norm else 0
         block = attn + (d + 1) * self.n_experts + 3 * d * self.shared_ffn_dim + 2 * d   # router + its bias
         return self.n_layers * block + d
 
@@ -148,11 +151,26 @@ class MoEFeedForward(nn.Module):
         return balance.with_aux_loss(y.reshape(shape), aux, self.args.aux_loss_coef)
 
 
+class MoEAttention(Attention):
+    """Llama's attention; with `qk_norm` each head's q and k pass an RMSNorm over head_dim before RoPE
+    (Qwen3). Without it the parameters and numbers are Llama's."""
+
+    def __init__(self, args: MoEArgs):
+        super().__init__(args)
+        self.q_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.norm_eps) if args.qk_norm else None
+
+    def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.q_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
+
 class MoEBlock(nn.Module):
     def __init__(self, args: MoEArgs, layer_id: int):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = MoEAttention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = MoEFeedForward(args, layer_id)
 

@@ -75,15 +75,27 @@ class MoESpec(LlamaSpec):
         if cfg.model.n_experts % ep:
             raise ConfigError("parallel.ep", f"model.n_experts={cfg.model.n_experts} experts do not divide among "
                                              f"parallel.ep={ep} ranks")
+        if tp > 1 and cfg.model.qk_norm:
+            # each tp rank normalises its own heads with the one replicated weight, whose gradient would
+            # then need a sum over tp that the plan does not make
+            raise ConfigError("model.qk_norm", f"the per-head q/k norms are not split by parallel.tp={tp}; "
+                                               f"use parallel.tp=1 (ep and pp take Qwen3-MoE shapes)")
         if tp > 1 and cfg.parallel.get("sequence_parallel"):
             raise ConfigError("parallel.sequence_parallel", "MoE layers run whole on every tensor-parallel "
                                                             "rank and need every token there; set it to false")
 
+    def reads_hf(self, model_type) -> bool:
+        return model_type in hf_adapter.LAYOUTS
+
     def model_cfg_from_hf(self, hf):
+        layout = hf_adapter.LAYOUTS[hf.get("model_type")]
         cfg = super().model_cfg_from_hf(hf)
         cfg.pop("ffn_dim", None)
-        cfg.update({"_target_": MoEModelConfig._target_, "moe_ffn_dim": hf["intermediate_size"],
-                    "n_experts": hf["num_local_experts"], "top_k": hf["num_experts_per_tok"]})
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        cfg.update({"_target_": MoEModelConfig._target_, "moe_ffn_dim": hf[layout.ffn_key],
+                    "n_experts": hf[layout.n_experts_key], "top_k": hf["num_experts_per_tok"],
+                    "attn_head_dim": head_dim, "qk_norm": layout is hf_adapter.QWEN3_MOE,
+                    "norm_topk_prob": bool(hf.get("norm_topk_prob", True))})
         return cfg
 
 
