@@ -15,7 +15,7 @@ def _policy_3d_applies(compose_config, *args):
     cfg = compose_config([*FAST, "parallel=3d", *args])
     strategy = parallel3d.Parallel3DStrategy.__new__(parallel3d.Parallel3DStrategy)
     strategy.cfg = cfg
-    plan = strategy.sharding(SimpleNamespace(dp=2))
+    plan = strategy.sharding(SimpleNamespace(dp=2, fsdp_size=2))
     assert plan.enabled and plan.reshard_after_forward == (cfg.zero.stage == 3)
     return plan.mp_policy
 

@@ -22,6 +22,14 @@ def token_positions(seq_len: int, device) -> torch.Tensor:
     return _held.to(device)
 
 
+def position_rows(table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The rows of a per-position table (RoPE cos/sin) for the tokens this forward holds: a view of the
+    first seq_len rows in a plain forward (no copy for autograd to save per layer), a gather under cp."""
+    if _held is None:
+        return table[:seq_len]
+    return table[token_positions(seq_len, table.device)]
+
+
 @contextlib.contextmanager
 def holding(positions: torch.Tensor):
     global _held

@@ -196,6 +196,7 @@ def _why(ranked: list[tuple[Candidate, Plan]]) -> str:
               "optimizer": "a shorter optimizer step (its states sharded over more ranks)",
               "tp": "less tensor-parallel traffic", "pp": "less pipeline traffic",
               "cp": "less context-parallel key/value traffic",
+              "ep": "less expert-parallel token traffic",
               "dp": "less exposed data-parallel traffic", "offload": "less offload traffic"}[key]
     return f"{(second.step_time_s / best.step_time_s - 1):.1%} faster than the next: {reason}"
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.loss import deferred_logits
-from framework.models.positions import token_positions
+from framework.models.positions import position_rows
 from framework.models.seeding import param_seed
 
 
@@ -148,8 +148,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = self.norm_qk(q, k)
-        pos = token_positions(seq, x.device)
-        q, k = apply_rope(q, cos[pos], sin[pos]), apply_rope(k, cos[pos], sin[pos])
+        cos, sin = position_rows(cos, seq), position_rows(sin, seq)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
