@@ -157,7 +157,9 @@ def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()
     SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
-    multiprocessing.set_forkserver_preload(["framework.worker", *strategy_modules])
+    # torch._dynamo too: DDP and FSDP import it on their first wrap, ~1 s of CPU in each worker
+    multiprocessing.set_forkserver_preload(["framework.worker", "torch._dynamo", *strategy_modules,
+                                            "framework.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
 

@@ -22,7 +22,6 @@ import contextlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 from torch.overrides import TorchFunctionMode
 
 from framework.errors import ConfigError
@@ -57,6 +56,7 @@ def unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 def chunked_causal_attention(q, k, v, q_positions: torch.Tensor, chunk: int, **kwargs) -> torch.Tensor:
     """Causal attention of queries (batch, heads, seq, dim) at q_positions, which run in whole chunks of
     `chunk` consecutive positions, over keys/values of the whole sequence in position order."""
+    from torch.nn.attention.bias import causal_lower_right   # imports torch._dynamo (~1 s): not for a config refused before work
     outs = []
     for i, part in enumerate(q.split(chunk, dim=2)):
         end = int(q_positions[i * chunk]) + part.shape[2]
