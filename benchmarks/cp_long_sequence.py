@@ -4,10 +4,9 @@ Runs one training step of the same model and sequence as parallel=single and as 
 parallel.cp=4 (4 CPU workers, gloo), polls every process of each job for its peak resident set size
 (/proc VmHWM), and stops a job whose rank passes --cap-gb (0: none). Prints each rank's peak.
     python benchmarks/cp_long_sequence.py --seq-len 8192 --dim 512 --layers 8 --cap-gb 2.5
-Not a test: it takes a minute or two on two cores. On CPU a cp rank keeps about half, not a quarter, of
-the single process's growth: SDPA there materialises each query chunk's lower-right causal mask and its
-scores (CUDA's flash/efficient kernels take the mask without materialising it), so a small model or a
-short sequence shows little difference.
+Not a test: it takes a minute or two on two cores. A cp=4 rank grows about half as much as the single
+process, not a quarter (it also keeps every layer's gathered keys and values for backward), so a small
+model or a short sequence shows little difference.
 """
 from __future__ import annotations
 
