@@ -5,7 +5,7 @@ from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
 from framework.plan.hardware import Device, detected_device, device_named
-from framework.plan.planner import Plan, make_plan
+from framework.plan.planner import MEMORY_OVERESTIMATE, Plan, make_plan
 
 GIB = 1024 ** 3
 
@@ -37,8 +37,9 @@ def _variants(cfg):
     if p in ("fsdp", "3d") and z == 2:
         yield "zero=stage3", {"zero.stage": 3}
     mb = cfg.trainer.micro_batch_size
-    if mb and mb > 1:
-        yield f"trainer.micro_batch_size={mb // 2}", {"trainer.micro_batch_size": mb // 2}
+    while mb and mb > 1:        # halved until it fits: the loss's fp32 logits grow with it too
+        mb //= 2
+        yield f"trainer.micro_batch_size={mb}", {"trainer.micro_batch_size": mb}
     if p == "3d":
         for dim in ("tp", "pp"):
             yield f"parallel.{dim}={cfg.parallel[dim] * 2}", {f"parallel.{dim}": cfg.parallel[dim] * 2,
@@ -70,7 +71,7 @@ def refuse_if_it_cannot_fit(cfg, launcher_world: int, validate) -> Plan | None:
         return None
     world, per_node = planned_world(cfg, launcher_world, device)
     plan = make_plan(cfg, world, device, per_node)
-    if plan.fits:
+    if not plan.refused:
         return plan
     need = plan.per_rank_bytes
     parts = ", ".join(f"{k} {need[k] / GIB:.1f}" for k in ("params", "grads", "optimizer", "master",
@@ -78,5 +79,7 @@ def refuse_if_it_cannot_fit(cfg, launcher_world: int, validate) -> Plan | None:
     fix = cheapest_fit(cfg, world, device, per_node, validate)
     hint = f"the cheapest change that fits: {fix}" if fix else "no single change fits: add devices"
     raise ConfigError("planner", f"the most loaded rank needs {need['total'] / GIB:.1f} GiB ({parts}) but one "
-                                 f"{device.name} holds {device.memory_bytes / GIB:.1f} GiB; {hint} "
+                                 f"{device.name} holds {device.memory_bytes / GIB:.1f} GiB, over by "
+                                 f"{plan.over_by:.0%} (more than the {MEMORY_OVERESTIMATE:.0%} the planner has "
+                                 f"over-estimated measured jobs by); {hint} "
                                  f"(planner.check=false skips this check)")

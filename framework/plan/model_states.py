@@ -19,6 +19,10 @@ class ModelStates:
     optimizer: int
     master: int
     offloaded: int = 0          # of the above, bytes that live in host memory (offload)
+    # gradients exist for the whole step (DeepSpeed's partitions); torch's are set to None after each step
+    # and made during backward, as the activations they replace are freed
+    grads_whole_step: bool = False
+    step_scratch: int = 0       # what a foreach Adam step allocates on a GPU: sqrt(v), one fp32 per element
 
     @property
     def total(self) -> int:
@@ -74,7 +78,9 @@ def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: Opti
     opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
     offloaded = (local * FP32 * 2 + opt) if layout.offload_params else 0
     grads = sum(s.grad_numel for s in trainable) * FP32
-    return ModelStates(params=local * FP32, grads=grads, optimizer=opt, master=0, offloaded=offloaded)
+    scratch = sum(s.numel for s in stepped) * FP32 if optimizer.moments == 2 else 0
+    return ModelStates(params=local * FP32, grads=grads, optimizer=opt, master=0, offloaded=offloaded,
+                       step_scratch=scratch)
 
 
 def _ds_alignment_partition(total: int, world: int) -> int:
@@ -95,7 +101,8 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
     if layout.zero == 0:
         opt = sum(optimizer.bytes_for(s.full_numel) for s in shapes)
         master = full * FP32 if compute != FP32 else 0
-        return ModelStates(params=full * compute, grads=full * compute, optimizer=opt, master=master)
+        return ModelStates(params=full * compute, grads=full * compute, optimizer=opt, master=master,
+                           grads_whole_step=True)
     if layout.zero in (1, 2):
         parts = [_ds_alignment_partition(sum(s.full_numel for s in g), world) for g in groups]
         part = sum(parts)
@@ -105,7 +112,7 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
             grads = part * FP32
         offloaded = (part * FP32 + opt + grads) if layout.offload_optimizer else 0
         return ModelStates(params=full * compute, grads=grads, optimizer=opt, master=part * FP32,
-                           offloaded=offloaded)
+                           offloaded=offloaded, grads_whole_step=True)
     part_sizes = [-(-s.full_numel // world) for s in shapes]
     persistent = sum(s.full_numel for s in shapes if s.full_numel < persistence_threshold)
     part = sum(part_sizes)
@@ -113,7 +120,7 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
     master = part * FP32 if compute != FP32 or layout.offload_optimizer else 0
     grads = part * (FP32 if layout.offload_optimizer else compute)
     return ModelStates(params=(part + persistent) * compute, grads=grads, optimizer=opt, master=master,
-                       offloaded=(master + opt + grads) if layout.offload_optimizer else 0)
+                       offloaded=(master + opt + grads) if layout.offload_optimizer else 0, grads_whole_step=True)
 
 
 def model_states(cfg, layout: Layout, shapes: list[ParamShape]) -> ModelStates:

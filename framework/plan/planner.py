@@ -5,19 +5,23 @@ from dataclasses import asdict, dataclass, field
 
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
-from framework.plan import activations
+from framework.plan import activations, attention_kernel, gpu_time, op_costs
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
 from framework.plan.experts import all_to_all_bytes, expert_summary
 from framework.plan.cpu_calibration import measured_timing, tensor_parallel_overhead_s
 from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
-from framework.plan.model_states import OptimizerKind, model_states
+from framework.plan.model_states import ModelStates, OptimizerKind, model_states
 from framework.plan.shapes import rank_parameters
 
 LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
 ALL_FORWARDS_FIRST = ("gpipe", "loopedbfs")
 OPS_PER_BLOCK = 120      # operator calls of one transformer block, forward and backward
 ZERO_BUBBLE = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
+# The most the planned peak has exceeded a measured one (planned / measured - 1 over the H100 jobs of
+# ../shared/gpu; tests/test_plan_gpu.py holds every row under it): a plan over the device by less than
+# this may still run, so only a larger excess is refused before launch
+MEMORY_OVERESTIMATE = 0.08
 
 
 @dataclass
@@ -34,6 +38,16 @@ class Plan:
     fits: bool
     time_s: dict            # compute (bubble and recompute included) and exposed tp / pp / dp communication
     experts: dict = field(default_factory=dict)   # MoE: total / active parameters, expert weights per rank
+
+    @property
+    def over_by(self) -> float:
+        """How far the planned peak exceeds the device, as a share of its memory (<= 0: it fits)."""
+        return self.per_rank_bytes["total"] / self.capacity_bytes - 1
+
+    @property
+    def refused(self) -> bool:
+        """Over the device by more than the planner has been seen to over-estimate."""
+        return self.over_by > MEMORY_OVERESTIMATE
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -105,9 +119,10 @@ def _unit_numels(shapes) -> list[int]:
     return list(units.values())
 
 
-def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
-    """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`."""
-    profile = activations.measure(cfg, 1, layout.local_seq_len)   # scaled by the micro-batch, but weight copies
+def _activations(cfg, layout: Layout, pp_rank: int, kernel: str) -> tuple[int, int]:
+    """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
+    attention on `kernel`."""
+    profile = activations.measure(cfg, 1, layout.local_seq_len, kernel)   # scaled by the micro-batch, but weight copies
     if cfg.trainer.get("compile") and layout.ac == "none":
         profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
@@ -124,16 +139,21 @@ def _activations(cfg, layout: Layout, pp_rank: int) -> tuple[int, int]:
         per_mb = profile.stage_bytes(ids, 0 in mine, stages - 1 in mine, layout.tp, layout.sequence_parallel)
         held = int((scale * per_mb + _gathered_kv_bytes(cfg, layout, len(ids))) * _in_flight(layout, pp_rank))
         held += profile.stage_copies(ids, 0 in mine, stages - 1 in mine, layout.tp)
-    recompute = scale * profile.block_full // layout.tp if layout.ac != "none" else 0
+    # a checkpointed block's backward holds what its recompute kept, and the gradients of its largest tensor
+    # and of the one before it
+    recompute = scale * (profile.block_full + 2 * profile.block_largest) // layout.tp if layout.ac != "none" else 0
     return held, recompute
 
 
 def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     units = _unit_numels(shapes) or [0]
     gather = 4 if layout.precision == "fp32" else 2
-    total = recompute
     tokens = layout.micro_batch * layout.local_seq_len
-    total += tokens * vocab * 4          # the fp32 logits' gradient, whole on every tp rank
+    chunk = cfg.model.get("loss_chunk_tokens") or 0
+    scored = min(tokens, chunk) if chunk else tokens
+    # log_softmax's backward holds the fp32 gradients of the log-probabilities and of the logits at once
+    # (whole on every tp rank); a checkpointed block is recomputed later, when they are gone
+    total = max(recompute, 2 * scored * vocab * 4)
     if layout.strategy == "ddp" and not cfg.parallel.get("gradient_as_bucket_view", False):
         total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
     elif layout.strategy in ("fsdp", "3d") and layout.shard_ranks > 1:
@@ -146,25 +166,64 @@ def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     return total
 
 
+def peak_bytes(states: ModelStates, layout: Layout, transient: int, scratch: int) -> dict:
+    """The larger of the two peaks of a step, and which: backward's start (activations and what the loss
+    and recompute allocate, with only the gradients that outlive a step or a micro-batch) or its end and
+    the optimizer step (every gradient, and the step's scratch)."""
+    resident = states.total - states.offloaded
+    grads = 0 if layout.offload_params else states.grads
+    if states.grads_whole_step or layout.accumulation > 1:
+        backward = resident + transient
+    else:       # gradients appear as the activations they replace are freed: whichever side is larger
+        backward = resident - grads + max(transient, grads)
+    step = resident + scratch
+    return {"step_scratch": scratch, "total": max(backward, step),
+            "peak_at": "backward" if backward >= step else "optimizer step"}
+
+
 def _peak(device: Device, precision: str) -> float:
     key = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "tf32" if device.name != "cpu" else "fp32")
     return device.peak_flops.get(key) or device.peak_flops.get("fp32")
+
+
+def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: int) -> tuple[float, float]:
+    """(forward + backward of the rank's micro-batches, its optimizer step) on a GPU, from the job's own
+    operators (plan/op_costs, plan/gpu_time). Blocks split over pipeline stages, tp and cp; the embedding,
+    head and loss run where their stage is."""
+    costs = op_costs.traced(cfg, 1, layout.seq_len, attention_kernel.on_gpu(cfg))
+    peak = _peak(device, layout.precision)
+    matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
+    compiled = bool(cfg.trainer.get("compile"))
+    mb = layout.micro_batch
+    block = gpu_time.part_time(costs, "block", mb, matmul_peak, peak, device.hbm_bw, compiled).total
+    rest = gpu_time.part_time(costs, "rest", mb, peak, peak, device.hbm_bw, False).total
+    if layout.pp > 1:
+        stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
+        ends = (0 in stages) + (layout.pp * layout.virtual_stages - 1 in stages)
+        rest *= ends / 2            # embedding on the first stage, head and loss on the last (most of it)
+        block /= layout.pp
+    per_micro = (block + rest) / (layout.tp * layout.cp)
+    optimizer_s = gpu_time.optimizer_step_s(per_rank["params"], per_rank["grads"], per_rank["optimizer"],
+                                            per_rank["master"], device.hbm_bw)
+    return layout.accumulation * per_micro, optimizer_s
 
 
 def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     """The plan of the most loaded rank of a validated config on `world_size` processes."""
     layout = layout_of(cfg, world_size)
     hidden, vocab, n_layers = _model_dims(cfg)
+    kernel = attention_kernel.FUSED if device.cores else attention_kernel.on_gpu(cfg)
     best = None
     for pp_rank in sorted({0, layout.pp - 1}):     # the ends: embedding / head and most micro-batches in flight
         shapes = rank_parameters(cfg, layout, pp_rank)
         states = model_states(cfg, layout, shapes)
-        held, recompute = _activations(cfg, layout, pp_rank)
+        held, recompute = _activations(cfg, layout, pp_rank, kernel)
         buffers = _buffers(cfg, layout, shapes, recompute, vocab)
         per_rank = {"params": states.params, "grads": states.grads, "optimizer": states.optimizer,
                     "master": states.master, "activations": held, "buffers": buffers,
                     "offloaded": states.offloaded}
-        per_rank["total"] = states.total - states.offloaded + held + buffers
+        scratch = 0 if device.cores else states.step_scratch     # a CPU Adam steps tensor by tensor
+        per_rank.update(peak_bytes(states, layout, held + buffers, scratch))
         if best is None or per_rank["total"] > best[0]["total"]:
             best = (per_rank, shapes, pp_rank)
     per_rank, shapes, pp_rank = best
@@ -187,7 +246,9 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
                                 device.efficiency)
     compute_s = (flops_per_token * tokens_per_step / world_size * recompute
                  / (device.worker_peak(peak, world_size) * (timed.efficiency if timed else device.efficiency)))
-    if timed is None:
+    if not device.cores:
+        compute_s, optimizer_s = _gpu_seconds(cfg, layout, device, per_rank, pp_rank)
+    elif timed is None:
         # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are
         # cheaper (a timed micro-batch has them in its time already)
         blocks = n_layers // layout.pp

@@ -26,8 +26,12 @@ def table(plan: Plan) -> str:
         lines.append(f"  {key:<12} {_size(m[key]):>12}")
     if m.get("offloaded"):
         lines.append(f"  {'(host)':<12} {_size(m['offloaded']):>12}  offloaded, not counted below")
-    verdict = "fits" if plan.fits else "DOES NOT FIT"
-    lines.append(f"  {'total':<12} {_size(m['total']):>12}  of {_size(plan.capacity_bytes)}: {verdict}")
+    if m.get("step_scratch"):
+        lines.append(f"  {'step scratch':<12} {_size(m['step_scratch']):>12}  the optimizer step's temporaries")
+    verdict = ("fits" if plan.fits else f"DOES NOT FIT (over by {plan.over_by:.0%})" if plan.refused
+               else f"over by {plan.over_by:.0%}, within what the planner over-estimates: may run")
+    lines.append(f"  {'peak':<12} {_size(m['total']):>12}  ({m.get('peak_at', 'backward')}) of "
+                 f"{_size(plan.capacity_bytes)}: {verdict}")
     lines += ["", "communication per step (per rank, payload)"]
     for key, value in plan.comm_bytes_per_step.items():
         lines.append(f"  {key:<30} {_size(value):>12}")

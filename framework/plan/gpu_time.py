@@ -1,0 +1,65 @@
+"""Seconds a GPU spends on one rank's share of a step, from the operators the job runs (op_costs):
+matmuls at a share of the dtype's dense peak (or at memory speed where a shape is too thin to be
+compute-bound), attention kernels at a smaller share, every other operator at memory bandwidth, plus a
+gap per kernel launch that eager pays for each operator and a compiled block pays once per fused group.
+The optimizer step and gradient clipping run at memory bandwidth over the rank's own states.
+
+The shares are what H100-class parts reach on transformer shapes, from public kernel benchmarks, and
+were checked (not fitted one by one) against every measured row of ../shared/gpu (tests/test_plan_gpu.py):
+- cuBLAS bf16/fp16 and TF32 GEMMs with k >= 2048 reach ~70% of the dense peak (NVIDIA's H100 GEMM
+  figures: ~650-750 of 989 TFLOP/s);
+- FlashAttention-2 through SDPA ~40% of the dense peak, forward and backward together (its paper's H100
+  figures: 335-350 TFLOP/s forward, less backward);
+- element-wise and reduction kernels ~80% of HBM bandwidth (STREAM-like copies on an H100 SXM: ~2.7-3.0
+  of 3.35 TB/s);
+- ~3 us between two kernels a Python loop launches back to back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from framework.plan.op_costs import OpCosts
+
+MATMUL_SHARE = 0.70
+ATTENTION_SHARE = 0.40
+BANDWIDTH_SHARE = 0.80
+KERNEL_GAP_S = 3e-6
+
+
+@dataclass(frozen=True)
+class PartTime:
+    matmul: float
+    attention: float
+    memory: float
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention + self.memory
+
+
+def _matmul_s(shapes: dict, peak: float, hbm: float) -> float:
+    seconds = 0.0
+    for (m, n, k, elem), count in shapes.items():
+        flops = 2.0 * m * n * k
+        moved = (m * k + k * n + m * n) * elem
+        seconds += count * max(flops / (peak * MATMUL_SHARE), moved / (hbm * BANDWIDTH_SHARE))
+    return seconds
+
+
+def part_time(costs: OpCosts, part: str, sequences: int, peak: float, attention_peak: float, hbm: float,
+              compiled: bool) -> PartTime:
+    """Seconds of one micro-batch of `sequences` in `part` ("block": all blocks; "rest": embedding, head,
+    loss); `costs` were traced for one sequence, and all but the kernel launches grow with the micro-batch."""
+    fused = compiled and part == "block"
+    moved = (costs.fused_bytes if fused else costs.memory_bytes).get(part, 0)
+    kernels = (costs.fused_kernels if fused else costs.kernels).get(part, 0)
+    return PartTime(matmul=sequences * _matmul_s(costs.matmuls.get(part, {}), peak, hbm),
+                    attention=sequences * costs.attention_flops.get(part, 0) / (attention_peak * ATTENTION_SHARE),
+                    memory=sequences * moved / (hbm * BANDWIDTH_SHARE) + kernels * KERNEL_GAP_S)
+
+
+def optimizer_step_s(param_bytes: int, grad_bytes: int, state_bytes: int, master_bytes: int, hbm: float) -> float:
+    """A fused/foreach optimizer step with clipping: the gradients are read for their norm and scaled,
+    then parameters, gradients and states read and parameters and states written once."""
+    moved = 3 * grad_bytes + 2 * (param_bytes + state_bytes + master_bytes)
+    return moved / (hbm * BANDWIDTH_SHARE)

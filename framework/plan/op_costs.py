@@ -1,0 +1,190 @@
+"""What one micro-batch's forward, loss and backward ask of a device, by operator class, traced on fake
+tensors (no memory, no arithmetic): the job's own model, activation checkpointing and autocast run
+forward and backward once under FakeTensorMode, and every operator is recorded as
+
+- a matmul (mm, addmm, bmm, grouped mm): its FLOPs and the bytes it reads and writes,
+- attention (an SDPA kernel, forward or backward): its FLOPs (causal: half the score matrix),
+- anything else (norms, activations, rope, residual adds, casts, the loss): bytes read and written.
+
+Two byte counts are kept for the rest. `memory_bytes` is what eager moves: every operator reads its
+inputs and writes its output. `fused_bytes` is what a compiled block moves: inside a block, pointwise
+and reduction operators fuse, so a tensor one of them makes and another of them reads in the same pass
+(forward or backward) never reaches memory; it is written once when something outside the fusion (a
+matmul, attention, the other pass) reads it. Operators outside the blocks (embedding, head, loss) are
+not compiled (trainer.compile compiles blocks) and count as eager in both.
+
+Blocks are told apart from the head and tail by module hooks (forward) and module backward hooks.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import OmegaConf
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from framework.loss import cross_entropy
+from framework.models.spec import spec_for
+from framework.parallel.activation_checkpointing import checkpoint_activations
+from framework.parallel.blocks import find_blocks
+from framework.plan import attention_kernel
+from framework.precision import compute_dtype
+
+MATMULS = ("mm", "addmm", "bmm", "_grouped_mm", "baddbmm")
+ATTENTION = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
+# ops that make no new data (views, metadata): free on any device
+FREE = ("view", "_unsafe_view", "reshape", "t", "transpose", "expand", "unsqueeze", "squeeze", "slice", "select",
+        "as_strided", "detach", "alias", "permute", "split", "split_with_sizes", "unbind", "chunk", "lift_fresh",
+        "_reshape_alias", "narrow", "view_as_real", "view_as_complex", "unflatten", "flatten", "empty", "empty_like",
+        "new_empty", "empty_strided", "new_empty_strided", "zeros", "zeros_like", "ones_like", "ones", "arange",
+        "_local_scalar_dense", "sym_size", "sym_stride", "sym_numel", "is_same_size", "scalar_tensor")
+
+
+@dataclass
+class OpCosts:
+    """One micro-batch's operators on the whole (untensor-parallel) model, split into blocks and the rest."""
+    matmuls: dict = field(default_factory=dict)   # (m, n, k, bytes_per_element) -> count, per part
+    attention_flops: dict = field(default_factory=dict)   # part -> FLOPs ("block" / "rest")
+    memory_bytes: dict = field(default_factory=dict)      # part -> bytes the eager operators move
+    fused_bytes: dict = field(default_factory=dict)       # part -> bytes with pointwise work fused in blocks
+    kernels: dict = field(default_factory=dict)           # part -> eager kernel launches
+    fused_kernels: dict = field(default_factory=dict)     # part -> kernels when blocks are compiled
+
+    def add(self, table: str, part: str, value, key=None) -> None:
+        store = getattr(self, table)
+        if key is None:
+            store[part] = store.get(part, 0) + value
+        else:
+            inner = store.setdefault(part, {})
+            inner[key] = inner.get(key, 0) + value
+
+
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _attention_flops(name: str, args) -> float:
+    """Forward 4*b*h*sq*sk*d (two matmuls), backward 2.5x that; a causal kernel does half."""
+    q, k = args[0], args[1]
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+        return 0.0
+    # q: (b, h, s, d) for every SDPA kernel's forward and backward (grad_out comes first in backward)
+    b, h, sq, d = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]
+    sk = k.shape[-2]
+    flops = 4.0 * b * h * sq * sk * d
+    causal = sq == sk           # our models' attention is causal; cp's chunks see at most their keys
+    if causal:
+        flops /= 2
+    return flops * (2.5 if "backward" in name else 1.0)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, costs: OpCosts, in_block, phase):
+        super().__init__()
+        self.costs = costs
+        self.in_block = in_block
+        self.phase = phase
+        self.fusable: dict[int, tuple] = {}    # storage id -> (ref, nbytes, phase, written)
+
+    def _read(self, t, fusing: bool) -> int:
+        """Bytes a compiled block pays to read `t`: nothing when it is still inside the fusion."""
+        key = id(t.untyped_storage())
+        entry = self.fusable.get(key)
+        if entry is None or entry[0]() is None:
+            return _nbytes(t)
+        ref, nbytes, phase, written = entry
+        if fusing and phase == self.phase():
+            return 0
+        if not written:
+            self.fusable[key] = (ref, nbytes, phase, True)
+            return nbytes + _nbytes(t)      # written out once, then read
+        return _nbytes(t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if name in FREE or not outs:
+            return out
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        part = "block" if self.in_block() else "rest"
+        moved = sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
+        c = self.costs
+        c.add("kernels", part, 1)
+        if part == "rest" or not name.startswith(ATTENTION) and name not in MATMULS:
+            c.add("fused_kernels", part, 1 if part == "rest" else 0)
+        else:
+            c.add("fused_kernels", part, 2)     # the kernel and the fused group of pointwise work after it
+        if name in MATMULS:
+            a, b = ins[-2], ins[-1]
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            batch = a.numel() // (m * k) if name != "_grouped_mm" else 1
+            if name == "_grouped_mm":        # (tokens, k) x (experts, k, n): every token once
+                m, k, n = a.shape[0], a.shape[-1], b.shape[-1]
+            c.add("matmuls", part, batch, (m, n, k, a.element_size()))
+            for t in ins:
+                self._read(t, False)         # a fused producer's output is written before the matmul
+            return out
+        if name.startswith(ATTENTION):
+            c.add("attention_flops", part, _attention_flops(name, args))
+            for t in ins:
+                self._read(t, False)
+            return out
+        c.add("memory_bytes", part, moved)
+        if part == "block":
+            fused_in = sum(self._read(t, True) for t in ins)
+            c.add("fused_bytes", part, fused_in)
+            for t in outs:
+                self.fusable[id(t.untyped_storage())] = (weakref.ref(t.untyped_storage()), _nbytes(t), self.phase(),
+                                                         False)
+        else:
+            c.add("fused_bytes", part, moved)
+        return out
+
+
+_CACHE: dict = {}
+
+
+def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED) -> OpCosts:
+    """The operators of one micro-batch of `micro_batch` sequences of `seq_len` tokens, attention on
+    `kernel` (cached)."""
+    key = (OmegaConf.to_yaml(cfg.model, resolve=True), OmegaConf.to_yaml(cfg.activation_checkpointing, resolve=True),
+           cfg.precision.name, int(cfg.data.vocab_size), kernel, micro_batch, seq_len)
+    if key not in _CACHE:
+        _CACHE[key] = _trace(cfg, micro_batch, seq_len, kernel)
+    return _CACHE[key]
+
+
+def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    spec = spec_for(cfg.model)
+    costs = OpCosts()
+    depth = [0]
+    phase = ["forward"]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = spec.build(cfg.model)
+        checkpoint_activations(model, cfg.activation_checkpointing, spec)
+        handles = []
+        for _, block in find_blocks(model, spec.block_classes(model)):
+            handles += [block.register_forward_pre_hook(lambda *a: depth.__setitem__(0, depth[0] + 1)),
+                        block.register_forward_hook(lambda *a: depth.__setitem__(0, depth[0] - 1)),
+                        block.register_full_backward_pre_hook(lambda *a: depth.__setitem__(0, depth[0] + 1)),
+                        block.register_full_backward_hook(lambda *a: depth.__setitem__(0, depth[0] - 1))]
+        for p in model.parameters():
+            p.requires_grad_(True)
+        tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+        precision = cfg.precision.name
+        autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
+                    if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
+        recorder = _Recorder(costs, lambda: depth[0] > 0, lambda: phase[0])
+        with recorder, attention_kernel.tracing(kernel):
+            with autocast:
+                loss = cross_entropy(model(tokens), tokens)
+            phase[0] = "backward"
+            depth[0] = 0
+            loss.backward()
+        for h in handles:
+            h.remove()
+    return costs
