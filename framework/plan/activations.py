@@ -19,6 +19,7 @@ the MLP's activation) in the backward. `compiled` is the same profile with only 
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
@@ -114,10 +115,12 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
-def measure(cfg, micro_batch: int, seq_len: int) -> ActivationProfile:
-    """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors."""
+def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1) -> ActivationProfile:
+    """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors.
+    cp > 1: seq_len is a cp rank's share, and its positions are held (framework.models.positions) as the
+    job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table."""
     key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.activation_checkpointing),
-           cfg.precision.name, cfg.precision.param_dtype, micro_batch, seq_len)
+           cfg.precision.name, cfg.precision.param_dtype, micro_batch, seq_len, cp)
     return _measure(key, cfg)
 
 
@@ -128,8 +131,11 @@ def _measure(key, cfg) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from framework.models.positions import holding
+    from framework.parallel.context_parallel import shard_positions
     spec = spec_for(cfg.model)
-    micro_batch, seq_len = key[-2], key[-1]
+    micro_batch, seq_len, cp = key[-3:]
+    held = holding(shard_positions(seq_len * cp, cp, 0)) if cp > 1 else contextlib.nullcontext()
     stack: list[str] = []
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = spec.build(cfg.model)
@@ -176,7 +182,7 @@ def _measure(key, cfg) -> ActivationProfile:
         precision = cfg.precision.name
         autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
                     if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
-        with tracker, autocast:
+        with tracker, autocast, held:
             logits = model(tokens)
             loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph
@@ -192,7 +198,7 @@ def _measure(key, cfg) -> ActivationProfile:
         del loss
         for h in handles:
             h.remove()
-    block_full = _block_without_checkpointing(cfg, micro_batch, seq_len) if cfg.activation_checkpointing.mode != "none" \
+    block_full = _block_without_checkpointing(cfg, micro_batch, seq_len, cp) if cfg.activation_checkpointing.mode != "none" \
         else (sum(v for k, v in per_block[0].items() if k != COPIES) if per_block else 0)
     compiled = ActivationProfile(head=head, blocks=compiled_blocks, tail=tail, block_full=block_full)
     profile = ActivationProfile(head=head, blocks=per_block, tail=tail, block_full=block_full, compiled=compiled)
@@ -200,8 +206,8 @@ def _measure(key, cfg) -> ActivationProfile:
     return profile
 
 
-def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int) -> int:
+def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, cp: int = 1) -> int:
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     plain.activation_checkpointing.mode = "none"
-    profile = measure(plain, micro_batch, seq_len)
+    profile = measure(plain, micro_batch, seq_len, cp)
     return sum(v for k, v in profile.blocks[0].items() if k != COPIES) if profile.blocks else 0
