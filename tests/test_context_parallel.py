@@ -93,3 +93,33 @@ def test_positions_are_plain_outside_a_shard():
     with holding(shuffled), GatheredAttention(lambda t: t, shuffled, shuffled, chunk=1):
         permuted = model(tokens[:, shuffled])
     torch.testing.assert_close(permuted, model(tokens)[:, shuffled], atol=1e-6, rtol=0)
+
+
+def test_rope_rows_are_gathered_once_per_forward_under_a_shard():
+    """Under cp every layer of a forward reads the same gathered cos/sin rows (one tensor autograd saves,
+    not one per layer); a new forward's tables get their own; a plain forward reads views of its tables."""
+    from framework.models import positions
+    gathers = []
+    rows_of = positions._Held.rows_of
+
+    def counted(self, table, seq_len):
+        rows = rows_of(self, table, seq_len)
+        gathers.append(rows)
+        return rows
+    model, seq = _llama(), 8
+    held = shard_positions(2 * seq, 2, 1)
+    with holding(held), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(positions._Held, "rows_of", counted)
+        model(torch.randint(0, 64, (2, seq)))
+        first = {id(t) for t in gathers}
+        assert len(gathers) == 2 * model.args.n_layers and len(first) == 2     # cos and sin, once each
+        gathers.clear()
+        model(torch.randint(0, 64, (2, seq)))
+        assert len({id(t) for t in gathers}) == 2
+    table = torch.arange(40.0).view(20, 2)
+    with holding(held):
+        rows = positions.position_rows(table, seq)
+        assert positions.position_rows(table, seq) is rows
+        torch.testing.assert_close(rows, table[held])
+    plain = positions.position_rows(table, seq)
+    assert plain.untyped_storage().data_ptr() == table.untyped_storage().data_ptr() and plain.shape == (seq, 2)

@@ -23,6 +23,7 @@ an H100 measured 0.61 for the 870M job, ../shared/gpu.)
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 
@@ -127,11 +128,13 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
-def measure(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED) -> ActivationProfile:
+def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = attention_kernel.FUSED) -> ActivationProfile:
     """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors,
-    with attention on `kernel` (attention_kernel: the math kernel keeps its s x s scores)."""
+    with attention on `kernel` (attention_kernel: the math kernel keeps its s x s scores).
+    cp > 1: seq_len is a cp rank's share, and its positions are held (framework.models.positions) as the
+    job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table."""
     key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.activation_checkpointing),
-           cfg.precision.name, cfg.precision.param_dtype, kernel, micro_batch, seq_len)
+           cfg.precision.name, cfg.precision.param_dtype, kernel, micro_batch, seq_len, cp)
     return _measure(key, cfg)
 
 
@@ -142,8 +145,11 @@ def _measure(key, cfg) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from framework.models.positions import holding
+    from framework.parallel.context_parallel import shard_positions
     spec = spec_for(cfg.model)
-    micro_batch, seq_len = key[-2], key[-1]
+    micro_batch, seq_len, cp = key[-3:]
+    held = holding(shard_positions(seq_len * cp, cp, 0)) if cp > 1 else contextlib.nullcontext()
     stack: list[str] = []
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = spec.build(cfg.model)
@@ -189,7 +195,7 @@ def _measure(key, cfg) -> ActivationProfile:
         precision = cfg.precision.name
         autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
                     if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
-        with tracker, autocast, attention_kernel.tracing(key[-3]):
+        with tracker, autocast, held, attention_kernel.tracing(key[-4]):
             logits = model(tokens)
             loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph
@@ -209,7 +215,7 @@ def _measure(key, cfg) -> ActivationProfile:
         for h in handles:
             h.remove()
     if cfg.activation_checkpointing.mode != "none":
-        block_full, largest = _block_without_checkpointing(cfg, micro_batch, seq_len, key[-3])
+        block_full, largest = _block_without_checkpointing(cfg, micro_batch, seq_len, cp, key[-4])
     else:
         block_full = sum(v for k, v in per_block[0].items() if k != COPIES) if per_block else 0
     compiled = ActivationProfile(head=head, blocks=compiled_blocks, tail=tail, block_full=block_full,
@@ -220,10 +226,10 @@ def _measure(key, cfg) -> ActivationProfile:
     return profile
 
 
-def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, kernel: str) -> tuple[int, int]:
+def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, cp: int, kernel: str) -> tuple[int, int]:
     """(bytes, largest tensor) one block keeps when it is not checkpointed."""
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     plain.activation_checkpointing.mode = "none"
-    profile = measure(plain, micro_batch, seq_len, kernel)
+    profile = measure(plain, micro_batch, seq_len, cp, kernel)
     kept = sum(v for k, v in profile.blocks[0].items() if k != COPIES) if profile.blocks else 0
     return kept, profile.block_largest

@@ -100,13 +100,17 @@ def _kv_dim(cfg) -> int:
 
 
 def _gathered_kv_bytes(cfg, layout: Layout, blocks: int) -> int:
-    """Keys and values of the rest of the sequence (cp - 1 of cp shares) that each block's attention keeps
-    for backward under context parallelism; a checkpointed block keeps its input alone."""
+    """What each block's attention keeps for backward under context parallelism beyond a plain forward of
+    the rank's share: the keys and values of the rest of the sequence (cp - 1 of cp shares), and a second
+    copy of its output (each query chunk's attention keeps its own output, which are then joined into the
+    tensor the output projection keeps); a checkpointed block keeps its input alone."""
     if layout.cp == 1:
         return 0
     kept = {"none": blocks, "full": 0}.get(layout.ac, blocks - blocks // max(1, layout.ac_every))
     rest = layout.seq_len - layout.local_seq_len
-    return kept * 2 * layout.micro_batch * rest * (_kv_dim(cfg) // layout.tp) * layout.compute_bytes
+    kv = 2 * rest * (_kv_dim(cfg) // layout.tp)
+    chunk_outputs = layout.local_seq_len * (_model_dims(cfg)[0] // layout.tp)
+    return kept * layout.micro_batch * (kv + chunk_outputs) * layout.compute_bytes
 
 
 def _unit_numels(shapes) -> list[int]:
@@ -122,7 +126,7 @@ def _unit_numels(shapes) -> list[int]:
 def _activations(cfg, layout: Layout, pp_rank: int, kernel: str) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
     attention on `kernel`."""
-    profile = activations.measure(cfg, 1, layout.local_seq_len, kernel)   # scaled by the micro-batch, but weight copies
+    profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel)   # scaled by the micro-batch, but weight copies
     if cfg.trainer.get("compile") and layout.ac == "none":
         profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
