@@ -65,8 +65,9 @@ def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -
 
 
 def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind) -> ModelStates:
-    """Replicas (+ZeroRedundancyOptimizer) and FSDP2 units (their shapes already sharded): fp32 parameters (autocast or FSDP2's
-    mixed-precision policy computes in low precision from them), gradients of the same local shape."""
+    """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): fp32
+    parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them), gradients
+    of the same local shape."""
     local = sum(s.numel for s in shapes)
     stepped = trainable = [s for s in shapes if s.trainable]
     if layout.sharding == "replicate" and "optimizer" in layout.shards:

@@ -134,13 +134,12 @@ def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     total = recompute
     tokens = layout.micro_batch * layout.local_seq_len
     total += tokens * vocab * 4          # the fp32 logits' gradient, whole on every tp rank
-    traits = layout.traits            # what the strategy keeps besides its model states
-    if traits.gradient_copy(cfg):
+    if layout.traits.gradient_copy(cfg):
         total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
     elif layout.sharding == "unit" and layout.shard_ranks > 1:
         total += 2 * max(units) * gather + max(units) * 4  # gathered unit + prefetch, reduce-scatter input
     elif layout.sharding == "flat":
-        sizes = traits.flat_sizes(cfg)
+        sizes = layout.traits.flat_sizes(cfg)
         if "params" in layout.shards:
             total += 4 * max(units) + min(sizes["prefetch_bucket"], sum(units)) * layout.compute_bytes
         elif layout.shards:
