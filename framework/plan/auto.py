@@ -1,6 +1,9 @@
 """parallel=auto: enumerate the layouts a world size allows, keep those that divide and fit, rank them
 by predicted step time, and rewrite the config to the winner (deterministic: layouts predicted within
-TIE of the fastest are a tie, and the simplest of them is listed first and runs)."""
+TIE of the fastest are a tie, and the simplest of them is listed first and runs).
+
+Each strategy says which layouts to try (Strategy.auto_layouts) and where it stands in "less machinery"
+(Strategy.machinery); this module adds activation checkpointing and micro-batch sizes and ranks them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,16 +16,11 @@ from framework.plan.hardware import Device
 from framework.plan.planner import Plan, make_plan
 from framework.strategies.registry import strategy_class
 
-SCHEDULES = ("1F1B", "Interleaved1F1B")
 # Predicted step times this close are a tie: the planner's terms cannot separate them (its predictions
 # scatter more than this against measured steps, benchmarks/plan_step_time.py). The simpler layout has
 # less machinery per step than the model counts: on a 2-core CPU, DeepSpeed ZeRO-1/2 measured 7-11%
 # slower than DDP that the plan put 0.1-1.8% apart (benchmarks/plan_auto_pick.py).
 TIE = 0.02
-SIMPLER = ("single", "ddp", "fsdp", "3d", "deepspeed")
-# Sequences at least this long also try context parallelism (cp > 1) in parallel=3d: below it one rank's
-# activations are rarely what does not fit, and the key/value gathers cost more than they save.
-LONG_SEQUENCE = 16384
 #: the activation_checkpointing modes auto weighs, least recomputation first, and the group that selects each
 AC_GROUP = {"none": "none", "layer": "selective", "full": "full"}
 
@@ -58,9 +56,11 @@ class Candidate:
         p = dict(self.parallel)
         keep = []
         for key, value in self.parallel:
+            # dp_shard is the whole world (its default) where nothing else divides it
+            whole = p.get("dp_replicate", 1) == p.get("tp", 1) == p.get("pp", 1) == p.get("cp", 1) == 1
             if key in ("dp_replicate", "cp") and value == 1 or key == "pp_virtual_stages" and value == 1 \
                     or key == "pp_schedule" and p.get("pp", 1) == 1 or key == "sequence_parallel" and not value \
-                    or key == "dp_shard" and self.strategy == "fsdp" and p.get("dp_replicate", 1) == 1:
+                    or key == "dp_shard" and whole:
                 continue
             keep.append(f"{key}={value}")
         head = [f"parallel={self.strategy}"] + ([f"zero=stage{self.zero}"] if self.zero else []) \
@@ -69,64 +69,23 @@ class Candidate:
         return " ".join(head + keep + tail)
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _micro_batches(global_batch: int, dp: int) -> list[int]:
     share = global_batch // dp if global_batch % dp == 0 else 0
-    return [m for m in _divisors(share) if m & (m - 1) == 0 or m == share]
+    return [m for m in range(1, share + 1) if share % m == 0 and (m & (m - 1) == 0 or m == share)]
 
 
 def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Candidate]:
+    """Each named strategy's layouts (in the order `strategies` lists them), each with every activation
+    checkpointing mode and power-of-two micro-batch its data-parallel share allows."""
     spec = spec_for(cfg.model)
-    layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 1
     acs = tuple(AC_GROUP) if spec.has_blocks(cfg.model) else ("none",)
     gb = cfg.trainer.global_batch_size
     out: list[Candidate] = []
-
-    def add(strategy, zero, parallel, dp, offload=False):
-        for ac in acs:
-            for mb in _micro_batches(gb, dp):
-                out.append(Candidate(strategy, zero, tuple(parallel), ac, mb, offload))
-
-    if "single" in strategies and world == 1:
-        add("single", 0, [], 1)
-    if world > 1:
-        if "ddp" in strategies:
-            for zero in (0, 1):
-                add("ddp", zero, [], world)
-        if "fsdp" in strategies:
-            for zero in (2, 3):
-                add("fsdp", zero, [("dp_replicate", 1), ("dp_shard", world)], world)
-                if world > per_node and world % per_node == 0:
-                    add("fsdp", zero, [("dp_replicate", world // per_node), ("dp_shard", per_node)], world)
-        if "deepspeed" in strategies:
-            for zero in (1, 2, 3):
-                add("deepspeed", zero, [], world)
-            for zero in (2, 3):
-                add("deepspeed", zero, [], world, offload=True)
-        if "3d" in strategies and spec.init_by_name:
-            seq_len = cfg.data.seq_len
-            long = spec.context_parallel and seq_len >= LONG_SEQUENCE
-            for tp in _divisors(min(world, per_node)):
-                for cp in (_divisors(min(world, per_node) // tp) if long else [1]):
-                    if cp > 1 and seq_len % (2 * cp):
-                        continue
-                    for pp in _divisors(world // (tp * cp)):
-                        if tp == pp == cp == 1 or (pp > 1 and layers % pp):
-                            continue
-                        dp = world // (tp * cp * pp)
-                        schedules = [("1F1B", 1)]
-                        if pp > 1 and layers % (2 * pp) == 0:
-                            schedules.append(("Interleaved1F1B", 2))
-                        for schedule, virtual in schedules:
-                            for sp in ((False, True) if tp > 1 else (False,)):
-                                for zero in ((3,) if dp * cp > 1 else (0,)):
-                                    parallel = [("tp", tp), ("pp", pp), ("dp_replicate", 1), ("dp_shard", dp),
-                                                ("cp", cp), ("pp_schedule", schedule),
-                                                ("pp_virtual_stages", virtual), ("sequence_parallel", sp)]
-                                    add("3d", zero, parallel, dp)
+    for name in strategies:
+        for layout in strategy_class(name).auto_layouts(cfg, world, per_node):
+            for ac in acs:
+                for mb in _micro_batches(gb, layout.dp):
+                    out.append(Candidate(name, layout.zero, tuple(layout.parallel), ac, mb, layout.offload))
     return out
 
 
@@ -176,7 +135,7 @@ def simplicity(cand: Candidate) -> tuple:
     """Less machinery first: the strategy, then ZeRO stage, offload, model parallel ways, recomputation."""
     parallel = dict(cand.parallel)
     ways = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
-    return SIMPLER.index(cand.strategy), cand.zero, cand.offload, ways, tuple(AC_GROUP).index(cand.ac)
+    return strategy_class(cand.strategy).machinery, cand.zero, cand.offload, ways, tuple(AC_GROUP).index(cand.ac)
 
 
 def _why(ranked: list[tuple[Candidate, Plan]]) -> str:

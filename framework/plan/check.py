@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 from framework.errors import ConfigError
 from framework.plan.hardware import Device, detected_device, device_named
 from framework.plan.planner import MEMORY_OVERESTIMATE, Plan, make_plan
+from framework.strategies.registry import strategy_class
 
 GIB = 1024 ** 3
 
@@ -28,20 +29,19 @@ def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
 
 
 def _variants(cfg):
-    """Cheaper-to-run changes first: recompute, more sharding, smaller micro-batches, model parallelism."""
-    p, ac, z = cfg.parallel.name, cfg.activation_checkpointing.mode, cfg.zero.stage
+    """Cheaper-to-run changes first: recompute, more sharding (the next zero stage, where the strategy
+    takes it), smaller micro-batches, model parallelism (the strategy's tp and pp dims)."""
+    strategy, ac, z = strategy_class(cfg.parallel.name), cfg.activation_checkpointing.mode, cfg.zero.stage
     if ac != "full":
         yield "activation_checkpointing=full", {"activation_checkpointing.mode": "full"}
-    if p in ("ddp", "deepspeed") and z < (1 if p == "ddp" else 3):
+    if z + 1 in strategy.accepted_zero_stages():
         yield f"zero=stage{z + 1}", {"zero.stage": z + 1}
-    if p in ("fsdp", "3d") and z == 2:
-        yield "zero=stage3", {"zero.stage": 3}
     mb = cfg.trainer.micro_batch_size
     while mb and mb > 1:        # halved until it fits: the loss's fp32 logits grow with it too
         mb //= 2
         yield f"trainer.micro_batch_size={mb}", {"trainer.micro_batch_size": mb}
-    if p == "3d":
-        for dim in ("tp", "pp"):
+    for dim in ("tp", "pp"):
+        if dim in strategy.model_parallel_dims:
             yield f"parallel.{dim}={cfg.parallel[dim] * 2}", {f"parallel.{dim}": cfg.parallel[dim] * 2,
                                                               "parallel.dp_shard": -1}
 

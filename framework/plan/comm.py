@@ -53,20 +53,23 @@ def comm_bytes(layout: Layout, shapes: list[ParamShape], hidden: int, vocab: int
     mb, act = layout.accumulation, layout.compute_bytes
     gather_bytes = 4 if layout.precision == "fp32" else 2
     if layout.dp * layout.cp > 1:
-        if layout.strategy == "ddp":
+        sharding, shards = layout.sharding, layout.shards
+        if sharding == "replicate":
+            # DDP's all-reduce; ZeroRedundancyOptimizer broadcasts each parameter from the rank that steps it
             out["dp/all_reduce"] = tp_local * reduce_bytes
-            if layout.zero == 1:
+            if "optimizer" in shards:
                 out["dp/broadcast"] = tp_local * 4
-        elif layout.strategy == "deepspeed":
-            if layout.zero == 3:
+        elif sharding == "flat":
+            # DeepSpeed ZeRO reduces in the compute precision; stage 3 gathers for forward and backward
+            if "params" in shards:
                 out["dp/all_gather"] = 2 * mb * tp_local * act
                 out["dp/reduce_scatter"] = mb * tp_local * act
-            elif layout.zero in (1, 2):
+            elif shards:
                 out["dp/reduce_scatter"] = mb * tp_local * act
                 out["dp/all_gather"] = tp_local * act
             else:
                 out["dp/all_reduce"] = tp_local * act
-        elif layout.shard_ranks > 1:
+        elif sharding == "unit" and layout.shard_ranks > 1:
             _, syncs = fsdp_passes(layout)
             shard = "dp_shard_cp" if layout.cp > 1 else "dp_shard"
             out[f"{shard}/all_gather"] = _gathered_bytes(layout, shapes, gather_bytes)
@@ -104,8 +107,8 @@ def fsdp_passes(layout: Layout) -> tuple[int, int]:
     mb = layout.accumulation
     if layout.pp > 1:
         return (mb + 1 if layout.zero == 3 else 1), 1
-    # parallel=3d turns gradient sync off but for the last micro-batch (fsdp reduces every one)
-    return (2 if layout.zero == 3 else 1) * mb, 1 if layout.strategy == "3d" else mb
+    # parallel=fsdp reduces every micro-batch; parallel=3d turns gradient sync off but for the last one
+    return (2 if layout.zero == 3 else 1) * mb, mb if layout.reduces_every_micro_batch else 1
 
 
 def root_fsdp_gathers(layout: Layout) -> int:
@@ -182,12 +185,15 @@ def collective_calls(layout: Layout, units: int, param_bytes: int, n_layers: int
     calls = {"tp": 0, "pp": 0, "dp": 0, "cp": 0}
     if layout.dp * layout.cp > 1:
         buckets = max(1, -(-param_bytes // bucket_bytes))
-        if layout.strategy in ("ddp", "deepspeed") and layout.zero < 3:
-            calls["dp"] = buckets * (mb if layout.strategy == "deepspeed" else 1) + (buckets if layout.zero else 0)
-        elif layout.strategy == "deepspeed":
-            gathers = 2 if layout.zero == 3 else 1
-            calls["dp"] = mb * units * (gathers + 1)
-        elif layout.shard_ranks > 1:
+        sharding, shards = layout.sharding, layout.shards
+        if sharding in ("replicate", "flat") and "params" not in shards:
+            # bucketed reductions (every micro-batch or once a step), then a broadcast or all-gather of
+            # what each rank stepped
+            calls["dp"] = buckets * (mb if layout.reduces_every_micro_batch else 1) + (buckets if shards else 0)
+        elif sharding == "flat":
+            # stage 3: per unit and micro-batch, a gather for forward, one for backward, a reduce-scatter
+            calls["dp"] = mb * units * 3
+        elif sharding == "unit" and layout.shard_ranks > 1:
             gathers, syncs = fsdp_passes(layout)
             calls["dp"] = units * (gathers + syncs * (2 if layout.dp_replicate > 1 else 1)) \
                 - (gathers - root_fsdp_gathers(layout))     # the root does not gather again for backward

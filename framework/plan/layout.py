@@ -1,15 +1,21 @@
-"""The numbers of a job's layout the planner reasons about, read from a validated config."""
+"""The numbers of a job's layout the planner reasons about, read from a validated config.
+
+What depends on the strategy is read from its class (through the registry): how it spreads model states
+over the data-parallel ranks (`sharding`), what its zero stage shards (`shards`), whether it reduces
+gradients every micro-batch, its mesh degrees and model-parallel dims. The planner never compares a
+strategy's name, so a strategy registered in its own file is planned as it is.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from framework.parallel.batch_layout import batch_layout
-from framework.parallel.mesh import ParallelDims
+from framework.strategies.registry import strategy_class
 
 
 @dataclass(frozen=True)
 class Layout:
-    strategy: str               # single | ddp | fsdp | deepspeed | 3d
+    strategy: str               # parallel.name: a registered strategy
     world: int
     dp_replicate: int
     dp_shard: int
@@ -47,11 +53,28 @@ class Layout:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def traits(self):
+        """The strategy's class: what the planner reads about it (see Strategy's planner section)."""
+        return strategy_class(self.strategy)
+
+    @property
+    def sharding(self) -> str:
+        """replicate | unit (FSDP2) | flat (DeepSpeed ZeRO): Strategy.dp_sharding."""
+        return self.traits.dp_sharding
+
+    @property
+    def shards(self) -> frozenset[str]:
+        """What this zero stage keeps one shard of per rank: "optimizer", "grads", "params"."""
+        return self.traits.shards(self.zero)
+
+    @property
+    def reduces_every_micro_batch(self) -> bool:
+        return self.traits.reduces_every_micro_batch
+
+    @property
     def shards_params(self) -> bool:
-        """Torch FSDP2 (fsdp, 3d with a zero stage) or DeepSpeed ZeRO-3."""
-        if self.strategy in ("fsdp", "3d"):
-            return self.zero >= 2 and self.shard_ranks > 1
-        return self.strategy == "deepspeed" and self.zero == 3
+        """Parameters held as shards: FSDP2 over more than one rank (fsdp, 3d at stage2/3) or DeepSpeed ZeRO-3."""
+        return "params" in self.shards and (self.shard_ranks > 1 or self.sharding != "unit")
 
     @property
     def compute_bytes(self) -> int:
@@ -61,9 +84,9 @@ class Layout:
         parts = [f"parallel={self.strategy}"]
         if self.zero:
             parts.append(f"zero=stage{self.zero}")
-        if self.strategy in ("fsdp", "3d") and self.dp_replicate > 1:
+        if self.sharding == "unit" and self.dp_replicate > 1:
             parts.append(f"dp_replicate={self.dp_replicate}")
-        if self.strategy == "3d":
+        if self.traits.model_parallel_dims:
             parts += [f"tp={self.tp}", f"pp={self.pp}"] + ([f"ep={self.ep}"] if self.ep > 1 else [])
             if self.pp > 1:
                 parts.append(f"pp_schedule={self.pp_schedule}")
@@ -81,13 +104,9 @@ def layout_of(cfg, world_size: int) -> Layout:
     """The layout of a validated config (micro_batch_size filled in) on `world_size` processes."""
     p = cfg.parallel
     name = p.name
-    if name in ("fsdp", "3d"):
-        dims = ParallelDims.from_config(p, world_size)
-        if cfg.zero.stage == 0:
-            dims = dims.replicate_only()
-        rep, shard, tp, pp, cp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, dims.cp
-    else:
-        rep, shard, tp, pp, cp = world_size, 1, 1, 1, 1
+    traits = strategy_class(name)
+    dims = traits.mesh_dims(cfg, world_size)
+    rep, shard, tp, pp, cp = dims.dp_replicate, dims.dp_shard, dims.tp, dims.pp, dims.cp
     batch = batch_layout(cfg, rep * shard, pp)
     virtual = p.get("pp_virtual_stages", 1) if pp > 1 else 1
     return Layout(
@@ -97,5 +116,6 @@ def layout_of(cfg, world_size: int) -> Layout:
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
         micro_batch=batch.forward_batch, accumulation=batch.accumulation,
-        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp, ep=p.get("ep", 1) if name == "3d" else 1,
+        seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp,
+        ep=p.get("ep", 1) if "ep" in traits.model_parallel_dims else 1,
         float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise")

@@ -69,11 +69,12 @@ def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -
 
 
 def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind) -> ModelStates:
-    """single, ddp (+ZeroRedundancyOptimizer), fsdp and 3d: fp32 parameters (autocast or FSDP2's
-    mixed-precision policy computes in low precision from them), gradients of the same local shape."""
+    """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): fp32
+    parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them), gradients
+    of the same local shape."""
     local = sum(s.numel for s in shapes)
     stepped = trainable = [s for s in shapes if s.trainable]
-    if layout.strategy == "ddp" and layout.zero == 1:
+    if layout.sharding == "replicate" and "optimizer" in layout.shards:
         stepped = zero1_partition(decay_groups(trainable), layout.world)
     opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
     offloaded = (local * FP32 * 2 + opt) if layout.offload_params else 0
@@ -98,12 +99,12 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
     world, compute = layout.world, layout.compute_bytes
     full = sum(s.full_numel for s in shapes)
     groups = decay_groups(shapes)
-    if layout.zero == 0:
+    if not layout.shards:
         opt = sum(optimizer.bytes_for(s.full_numel) for s in shapes)
         master = full * FP32 if compute != FP32 else 0
         return ModelStates(params=full * compute, grads=full * compute, optimizer=opt, master=master,
                            grads_whole_step=True)
-    if layout.zero in (1, 2):
+    if "params" not in layout.shards:
         parts = [_ds_alignment_partition(sum(s.full_numel for s in g), world) for g in groups]
         part = sum(parts)
         opt = sum(optimizer.bytes_for(n) for n in parts)
@@ -126,6 +127,7 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
 def model_states(cfg, layout: Layout, shapes: list[ParamShape]) -> ModelStates:
     """The model states of the rank holding `shapes` (the first rank of its tp and data-parallel groups)."""
     optimizer = OptimizerKind.of(cfg.optimizer)
-    if layout.strategy == "deepspeed":
-        return deepspeed_model_states(shapes, layout, optimizer, cfg.parallel.stage3_param_persistence_threshold)
+    if layout.sharding == "flat":
+        threshold = layout.traits.flat_sizes(cfg)["persistence_threshold"]
+        return deepspeed_model_states(shapes, layout, optimizer, threshold)
     return torch_model_states(shapes, layout, optimizer)

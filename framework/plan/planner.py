@@ -158,15 +158,16 @@ def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     # log_softmax's backward holds the fp32 gradients of the log-probabilities and of the logits at once
     # (whole on every tp rank); a checkpointed block is recomputed later, when they are gone
     total = max(recompute, 2 * scored * vocab * 4)
-    if layout.strategy == "ddp" and not cfg.parallel.get("gradient_as_bucket_view", False):
+    if layout.traits.gradient_copy(cfg):
         total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
-    elif layout.strategy in ("fsdp", "3d") and layout.shard_ranks > 1:
+    elif layout.sharding == "unit" and layout.shard_ranks > 1:
         total += 2 * max(units) * gather + max(units) * 4  # gathered unit + prefetch, reduce-scatter input
-    elif layout.strategy == "deepspeed":
-        if layout.zero == 3:
-            total += 4 * max(units) + min(cfg.parallel.stage3_prefetch_bucket_size, sum(units)) * layout.compute_bytes
-        elif layout.zero in (1, 2):
-            total += min(cfg.parallel.reduce_bucket_size, sum(units)) * layout.compute_bytes
+    elif layout.sharding == "flat":
+        sizes = layout.traits.flat_sizes(cfg)
+        if "params" in layout.shards:
+            total += 4 * max(units) + min(sizes["prefetch_bucket"], sum(units)) * layout.compute_bytes
+        elif layout.shards:
+            total += min(sizes["reduce_bucket"], sum(units)) * layout.compute_bytes
     return total
 
 

@@ -112,11 +112,11 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
             if dim is not None:
                 tp_local[dim] = chunk(full[dim], layout.tp)
             local = list(tp_local)
-            fsdp = layout.strategy in ("fsdp", "3d") and layout.dp * layout.cp > 1
+            fsdp = layout.sharding == "unit" and layout.dp * layout.cp > 1
             expert = id(p) in experts
             if expert and layout.ep > 1:
                 local[0] = chunk(local[0], layout.ep)
-            elif layout.shards_params and layout.strategy in ("fsdp", "3d") and local:
+            elif layout.shards_params and layout.sharding == "unit" and local:
                 local[0] = chunk(local[0], layout.shard_ranks)
             # DTensor's embedding backward (vocab-sharded, replicated input) returns a replicated gradient;
             # FSDP's reduce-scatter puts it back in the parameter's layout.

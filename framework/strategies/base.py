@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from framework.parallel.activation_checkpointing import validate_activation_chec
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.float8 import convert_float8
+from framework.parallel.mesh import ParallelDims
 from framework.parallel.process_group import init_default_group
 from framework.precision import build_precision, validate_precision
 
@@ -30,6 +31,19 @@ if TYPE_CHECKING:
     from framework.models.factory import ModelFactory
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
+#: the one vocabulary (DESIGN.md): what each zero stage keeps one shard of per data-parallel rank
+ZERO_SHARDS: dict[int, frozenset[str]] = {0: frozenset(), 1: frozenset({"optimizer"}),
+                                          2: frozenset({"optimizer", "grads"}),
+                                          3: frozenset({"optimizer", "grads", "params"})}
+
+
+class AutoLayout(NamedTuple):
+    """One layout parallel=auto tries for a strategy (the planner adds activation checkpointing and
+    micro-batch sizes to each)."""
+    zero: int
+    parallel: tuple = ()        # (key, value) pairs for parallel.*
+    dp: int = 1                 # data-parallel ranks a global batch splits over
+    offload: bool = False       # zero.offload_optimizer
 
 
 class Strategy:
@@ -70,6 +84,55 @@ class Strategy:
     precision_note = ""
     #: why trainer.compile cannot work under this strategy ("" = it can)
     compile_note = ""
+
+    # ---- what the planner reads (framework/plan asks these, never a strategy's name) ------------
+    #: how the data-parallel ranks hold the model states: "replicate" (each a whole copy, gradients
+    #: all-reduced in buckets; a zero stage partitions the optimizer by whole parameters, as torch's
+    #: ZeroRedundancyOptimizer does), "unit" (FSDP2: each unit - a block, the root - sharded on dim 0 over
+    #: dp_shard x cp and gathered whole while it runs; the mesh dims name the collectives) or "flat"
+    #: (DeepSpeed ZeRO: each parameter group flattened and partitioned evenly, `flat_sizes` its buckets)
+    dp_sharding = "replicate"
+    #: zero stage -> what this strategy's mechanism keeps one shard of where it differs from ZERO_SHARDS
+    #: (FSDP2 keeps parameters sharded between steps at stage2 too); read through `shards`
+    zero_shards: dict[int, frozenset[str]] = {}
+    #: gradients are reduced after every micro-batch's backward (False: once a step, at the last one)
+    reduces_every_micro_batch = False
+    #: parallel=auto's "less machinery" order: of layouts it cannot tell apart, the lowest runs
+    machinery = 0
+
+    @classmethod
+    def accepted_zero_stages(cls) -> tuple[int, ...]:
+        """The zero stages `validate` lets through (zero_support says why the others are refused)."""
+        return tuple(stage for stage, refused in sorted(cls.zero_support.items()) if refused is None)
+
+    @classmethod
+    def shards(cls, stage: int) -> frozenset[str]:
+        """What zero=stage{stage} keeps one shard of per rank: "optimizer", "grads", "params"."""
+        return cls.zero_shards.get(stage, ZERO_SHARDS[stage])
+
+    @classmethod
+    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+        """The degrees model states and batches follow on `world_size` ranks: every rank a data-parallel
+        replica here."""
+        return ParallelDims(pp=1, dp_replicate=world_size, dp_shard=1, cp=1, tp=1)
+
+    @classmethod
+    def gradient_copy(cls, cfg) -> bool:
+        """Whether it keeps a second, whole copy of the gradients (DDP's buckets)."""
+        return False
+
+    @classmethod
+    def flat_sizes(cls, cfg) -> dict[str, int]:
+        """dp_sharding="flat": elements of its gradient reduce bucket ("reduce_bucket"), of stage 3's
+        parameter prefetch bucket ("prefetch_bucket"), and the size below which a stage-3 parameter stays
+        whole on every rank ("persistence_threshold")."""
+        return {}
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        """The layouts parallel=auto tries for this strategy on `world_size` ranks (`per_node` a node),
+        in the order ties keep."""
+        return []
 
     @classmethod
     def worker_preload(cls, cfg) -> tuple[str, ...]:

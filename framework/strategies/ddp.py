@@ -11,7 +11,7 @@ import torch
 from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.world import OPEN_CPU_WORKERS
-from framework.strategies.base import TorchStrategy
+from framework.strategies.base import AutoLayout, TorchStrategy
 
 # torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are
 # imported where a worker uses them: the launcher imports this module only to validate.
@@ -39,6 +39,19 @@ class DDPStrategy(TorchStrategy):
     activation_checkpointing = ("none", "full", "layer", "op")
     worker_modules = (*TorchStrategy.worker_modules, "torch.nn.parallel",
                       "torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
+    # what the planner reads: replicas (dp_sharding's default) whose gradients sync once a step (no_sync)
+    machinery = 1
+
+    @classmethod
+    def gradient_copy(cls, cfg) -> bool:
+        """DDP's buckets hold a second copy of the gradients unless the gradients are views into them."""
+        return not cfg.parallel.get("gradient_as_bucket_view", False)
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        if world_size == 1:
+            return []
+        return [AutoLayout(zero, (), world_size) for zero in cls.accepted_zero_stages()]
 
     @classmethod
     def worker_preload(cls, cfg) -> tuple[str, ...]:

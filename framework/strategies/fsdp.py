@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.mesh import ParallelDims
-from framework.strategies.base import TorchStrategy
+from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 
 
 @dataclass
@@ -25,6 +25,12 @@ class FSDPOptions(ParallelConfig):
     dp_shard: int = -1          # ranks a parameter is sharded over; -1 = the rest of the world size
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
     cp: int = 1                 # context parallel: ranks that split every sequence (parallel=3d)
+
+
+def sharded_dims(cfg, world_size: int) -> ParallelDims:
+    """FSDP2's degrees; zero=none: every data-parallel rank a full replica (HSDP with shard size 1)."""
+    dims = ParallelDims.from_config(cfg.parallel, world_size)
+    return dims.replicate_only() if cfg.zero.stage == 0 else dims
 
 
 class FSDPStrategy(TorchStrategy):
@@ -39,6 +45,29 @@ class FSDPStrategy(TorchStrategy):
     activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
+    # what the planner reads: FSDP2 units; stage2 keeps parameters sharded between steps (gathered once
+    # for forward and backward), and every micro-batch's backward reduce-scatters its gradients
+    dp_sharding = "unit"
+    zero_shards = {2: ZERO_SHARDS[3]}
+    reduces_every_micro_batch = True
+    machinery = 2
+
+    @classmethod
+    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+        return sharded_dims(cfg, world_size)
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        """Every stage sharded over the world, and HSDP (replicas across nodes, shards within one)."""
+        out = []
+        if world_size == 1:
+            return out
+        for zero in cls.accepted_zero_stages():
+            out.append(AutoLayout(zero, (("dp_replicate", 1), ("dp_shard", world_size)), world_size))
+            if world_size > per_node and world_size % per_node == 0:
+                out.append(AutoLayout(zero, (("dp_replicate", world_size // per_node), ("dp_shard", per_node)),
+                                      world_size))
+        return out
 
     @classmethod
     def workers_wanted(cls, cfg) -> int:

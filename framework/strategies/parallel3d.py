@@ -32,11 +32,20 @@ from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import build_schedule, canonical_name, stage_ids, validate_pipeline
-from framework.strategies.base import TorchStrategy
-from framework.strategies.fsdp import FSDPOptions, FSDPStrategy
+from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
+from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, sharded_dims
 
 if TYPE_CHECKING:
     from framework.parallel.parallelize import ShardingPlan
+
+
+# Sequences at least this long also try context parallelism (cp > 1) in parallel=auto: below it one rank's
+# activations are rarely what does not fit, and the key/value gathers cost more than they save.
+LONG_SEQUENCE = 16384
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 @dataclass
@@ -63,6 +72,49 @@ class Parallel3DStrategy(TorchStrategy):
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp", "ep")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
+    # what the planner reads: FSDP2 units over the data-parallel dims (stage2 keeps parameters sharded
+    # between steps), gradients reduced once a step, at the last micro-batch (or pipeline backward)
+    dp_sharding = "unit"
+    zero_shards = {2: ZERO_SHARDS[3]}
+    reduces_every_micro_batch = False
+    machinery = 3
+
+    @classmethod
+    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+        return sharded_dims(cfg, world_size)
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        """Every tp (within a node) x cp (long sequences) x pp split whose pipeline divides the layers, with
+        1F1B and, where the layers allow two stages a rank, Interleaved1F1B; sequence parallelism or not;
+        ZeRO-3 over what is left for data parallelism."""
+        spec = spec_for(cfg.model)
+        if world_size == 1 or not spec.init_by_name:
+            return []
+        layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 1
+        seq_len = cfg.data.seq_len
+        long = spec.context_parallel and seq_len >= LONG_SEQUENCE
+        node = min(world_size, per_node)
+        out = []
+        for tp in _divisors(node):
+            for cp in (_divisors(node // tp) if long else [1]):
+                if cp > 1 and seq_len % (2 * cp):
+                    continue
+                for pp in _divisors(world_size // (tp * cp)):
+                    if tp == pp == cp == 1 or (pp > 1 and layers % pp):
+                        continue
+                    dp = world_size // (tp * cp * pp)
+                    schedules = [("1F1B", 1)]
+                    if pp > 1 and layers % (2 * pp) == 0:
+                        schedules.append(("Interleaved1F1B", 2))
+                    for schedule, virtual in schedules:
+                        for sp in ((False, True) if tp > 1 else (False,)):
+                            for zero in ((3,) if dp * cp > 1 else (0,)):
+                                parallel = (("tp", tp), ("pp", pp), ("dp_replicate", 1), ("dp_shard", dp),
+                                            ("cp", cp), ("pp_schedule", schedule),
+                                            ("pp_virtual_stages", virtual), ("sequence_parallel", sp))
+                                out.append(AutoLayout(zero, parallel, dp))
+        return out
 
     @classmethod
     def worker_preload(cls, cfg) -> tuple[str, ...]:
@@ -149,7 +201,7 @@ class Parallel3DStrategy(TorchStrategy):
         self.spec = model_factory.spec
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         # zero=none: all data-parallel ranks replicate; the flattened data rank is the same either way.
-        mesh_dims = self.dims.replicate_only() if cfg.zero.stage == 0 else self.dims
+        mesh_dims = self.mesh_dims(cfg, self.world_size)
         self.mesh = mesh_dims.build_mesh(self.device.type)
         self.pp_rank = self.mesh.pp.get_local_rank()
 

@@ -1,4 +1,4 @@
-from framework.strategies.base import TorchStrategy
+from framework.strategies.base import AutoLayout, TorchStrategy
 
 
 class SingleDeviceStrategy(TorchStrategy):
@@ -11,6 +11,11 @@ class SingleDeviceStrategy(TorchStrategy):
                     1: "sharding needs several ranks: use parallel=ddp (stage1), fsdp or deepspeed",
                     2: "sharding needs several ranks: use parallel=fsdp or deepspeed",
                     3: "sharding needs several ranks: use parallel=fsdp or deepspeed"}
+    machinery = 0
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        return [AutoLayout(zero=0)] if world_size == 1 else []
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:

@@ -21,7 +21,7 @@ from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.precision import compute_dtype
-from framework.strategies.base import Strategy
+from framework.strategies.base import AutoLayout, Strategy
 from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
@@ -49,6 +49,27 @@ class DeepSpeedStrategy(Strategy):
     activation_checkpointing = AC_MODES
     compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
                     "drive yet; parallel=fsdp zero=stage3 compiles per block")
+    # what the planner reads: ZeRO's flat partitions; stage1 reduces the gradients into the rank's
+    # partition as stage2 does, every micro-batch
+    dp_sharding = "flat"
+    zero_shards = {1: frozenset({"optimizer", "grads"})}
+    reduces_every_micro_batch = True
+    machinery = 4
+
+    @classmethod
+    def flat_sizes(cls, cfg) -> dict[str, int]:
+        p = cfg.parallel
+        return {"reduce_bucket": p.reduce_bucket_size, "prefetch_bucket": p.stage3_prefetch_bucket_size,
+                "persistence_threshold": p.stage3_param_persistence_threshold}
+
+    @classmethod
+    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+        """ZeRO-1 to 3 (zero=none is DDP's layout with more machinery), and 2 and 3 with the optimizer
+        states in host memory."""
+        if world_size == 1:
+            return []
+        return [AutoLayout(zero, (), world_size) for zero in (1, 2, 3)] \
+            + [AutoLayout(zero, (), world_size, offload=True) for zero in (2, 3)]
 
     @classmethod
     def worker_preload(cls, cfg) -> tuple[str, ...]:
