@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from framework.plan.op_costs import OpCosts
+from framework.plan.op_costs import OpCosts, Traced
 
 MATMUL_SHARE = 0.70
 ATTENTION_SHARE = 0.40
@@ -46,16 +46,24 @@ def _matmul_s(shapes: dict, peak: float, hbm: float) -> float:
     return seconds
 
 
-def part_time(costs: OpCosts, part: str, sequences: int, peak: float, attention_peak: float, hbm: float,
-              compiled: bool) -> PartTime:
-    """Seconds of one micro-batch of `sequences` in `part` ("block": all blocks; "rest": embedding, head,
-    loss); `costs` were traced for one sequence, and all but the kernel launches grow with the micro-batch."""
+def _part_time(costs: OpCosts, part: str, peak: float, attention_peak: float, hbm: float, compiled: bool) -> PartTime:
     fused = compiled and part == "block"
     moved = (costs.fused_bytes if fused else costs.memory_bytes).get(part, 0)
     kernels = (costs.fused_kernels if fused else costs.kernels).get(part, 0)
-    return PartTime(matmul=sequences * _matmul_s(costs.matmuls.get(part, {}), peak, hbm),
-                    attention=sequences * costs.attention_flops.get(part, 0) / (attention_peak * ATTENTION_SHARE),
-                    memory=sequences * moved / (hbm * BANDWIDTH_SHARE) + kernels * KERNEL_GAP_S)
+    return PartTime(matmul=_matmul_s(costs.matmuls.get(part, {}), peak, hbm),
+                    attention=costs.attention_flops.get(part, 0) / (attention_peak * ATTENTION_SHARE),
+                    memory=moved / (hbm * BANDWIDTH_SHARE) + kernels * KERNEL_GAP_S)
+
+
+def part_time(traced: Traced, part: str, sequences: int, peak: float, attention_peak: float, hbm: float,
+              compiled: bool) -> PartTime:
+    """Seconds of one micro-batch of `sequences` in `part` ("block": all blocks; "rest": embedding, head,
+    loss): what one sequence costs, and what each further one adds (the traces of one and two)."""
+    one, two = (_part_time(c, part, peak, attention_peak, hbm, compiled) for c in (traced.one, traced.two))
+    grown = sequences - 1
+    return PartTime(matmul=one.matmul + grown * (two.matmul - one.matmul),
+                    attention=one.attention + grown * (two.attention - one.attention),
+                    memory=one.memory + grown * (two.memory - one.memory))
 
 
 def optimizer_step_s(param_bytes: int, grad_bytes: int, state_bytes: int, master_bytes: int, hbm: float) -> float:

@@ -147,6 +147,19 @@ class _Recorder(TorchDispatchMode):
 _CACHE: dict = {}
 
 
+@dataclass(frozen=True)
+class Traced:
+    """A micro-batch of one sequence and of two: what grows with the micro-batch is their difference, and
+    what does not (autocast's weight copies, the gradients' accumulation; most of an MoE layer's
+    traffic at short sequences) is the rest."""
+    one: OpCosts
+    two: OpCosts
+
+
+def traced_per_sequence(cfg, seq_len: int, kernel: str = attention_kernel.FUSED) -> Traced:
+    return Traced(traced(cfg, 1, seq_len, kernel), traced(cfg, 2, seq_len, kernel))
+
+
 def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED) -> OpCosts:
     """The operators of one micro-batch of `micro_batch` sequences of `seq_len` tokens, attention on
     `kernel` (cached)."""

@@ -123,7 +123,7 @@ def _unit_numels(shapes) -> list[int]:
     return list(units.values())
 
 
-def _activations(cfg, layout: Layout, pp_rank: int, kernel: str) -> tuple[int, int]:
+def _activations(cfg, layout: Layout, pp_rank: int, kernel: str = attention_kernel.FUSED) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
     attention on `kernel`."""
     profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel)   # scaled by the micro-batch, but weight copies
@@ -195,7 +195,7 @@ def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: i
     """(forward + backward of the rank's micro-batches, its optimizer step) on a GPU, from the job's own
     operators (plan/op_costs, plan/gpu_time). Blocks split over pipeline stages, tp and cp; the embedding,
     head and loss run where their stage is."""
-    costs = op_costs.traced(cfg, 1, layout.seq_len, attention_kernel.on_gpu(cfg))
+    costs = op_costs.traced_per_sequence(cfg, layout.seq_len, attention_kernel.on_gpu(cfg))
     peak = _peak(device, layout.precision)
     matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
     compiled = bool(cfg.trainer.get("compile"))
