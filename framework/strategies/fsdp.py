@@ -33,7 +33,18 @@ def sharded_dims(cfg, world_size: int) -> ParallelDims:
     return dims.replicate_only() if cfg.zero.stage == 0 else dims
 
 
-class FSDPStrategy(TorchStrategy):
+class UnitSharded:
+    """What the planner reads of a strategy that shards FSDP2 units over its data-parallel dims: stage2
+    keeps parameters sharded between steps too (gathered once for forward and backward)."""
+    dp_sharding = "unit"
+    zero_shards = {2: ZERO_SHARDS[3]}
+
+    @classmethod
+    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+        return sharded_dims(cfg, world_size)
+
+
+class FSDPStrategy(UnitSharded, TorchStrategy):
     name = "fsdp"
     options = FSDPOptions
     zero_support = {0: "parallel=fsdp always shards gradients and optimizer states: use zero=stage2 or "
@@ -45,16 +56,9 @@ class FSDPStrategy(TorchStrategy):
     activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
-    # what the planner reads: FSDP2 units; stage2 keeps parameters sharded between steps (gathered once
-    # for forward and backward), and every micro-batch's backward reduce-scatters its gradients
-    dp_sharding = "unit"
-    zero_shards = {2: ZERO_SHARDS[3]}
+    # what the planner reads: every micro-batch's backward reduce-scatters its gradients
     reduces_every_micro_batch = True
     machinery = 2
-
-    @classmethod
-    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
-        return sharded_dims(cfg, world_size)
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:

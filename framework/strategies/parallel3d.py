@@ -32,8 +32,8 @@ from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import build_schedule, canonical_name, stage_ids, validate_pipeline
-from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
-from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, sharded_dims
+from framework.strategies.base import AutoLayout, TorchStrategy
+from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, UnitSharded
 
 if TYPE_CHECKING:
     from framework.parallel.parallelize import ShardingPlan
@@ -58,7 +58,7 @@ class Parallel3DOptions(FSDPOptions):
     rest_world_size: int = 8
 
 
-class Parallel3DStrategy(TorchStrategy):
+class Parallel3DStrategy(UnitSharded, TorchStrategy):
     name = "3d"
     options = Parallel3DOptions
     zero_support = {0: None, 2: None, 3: None,
@@ -72,16 +72,9 @@ class Parallel3DStrategy(TorchStrategy):
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp", "ep")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
-    # what the planner reads: FSDP2 units over the data-parallel dims (stage2 keeps parameters sharded
-    # between steps), gradients reduced once a step, at the last micro-batch (or pipeline backward)
-    dp_sharding = "unit"
-    zero_shards = {2: ZERO_SHARDS[3]}
+    # what the planner reads: gradients reduced once a step, at the last micro-batch (or pipeline backward)
     reduces_every_micro_batch = False
     machinery = 3
-
-    @classmethod
-    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
-        return sharded_dims(cfg, world_size)
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
