@@ -8,6 +8,7 @@ import importlib
 from types import ModuleType
 from typing import Callable
 
+from omegaconf import OmegaConf
 from torch import nn
 
 from framework.errors import ConfigError
@@ -53,6 +54,11 @@ class NativeDecoderSpec(ModelSpec):
 
     def num_layers(self, model_cfg) -> int:
         return self.args(model_cfg).n_layers
+
+    def with_layers(self, model_cfg, n_layers: int):
+        fewer = OmegaConf.create(OmegaConf.to_container(model_cfg, resolve=True))
+        fewer.n_layers = n_layers
+        return fewer
 
     def pipeline_stage(self, model, stage_index, num_stages):
         return importlib.import_module(self.plans).pipeline_stage(model, stage_index, num_stages)

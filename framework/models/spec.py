@@ -107,6 +107,11 @@ class ModelSpec:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""
         raise NotImplementedError
 
+    def with_layers(self, model_cfg, n_layers: int):
+        """The same model config with `n_layers` identical blocks, or None where blocks are not all alike
+        or the count is not the config's to set (the planner then traces the whole model)."""
+        return None
+
     def pipeline_stage(self, model: nn.Module, stage_index: int, num_stages: int) -> nn.Module:
         """A copy of `model` holding only that stage's part, under the full model's parameter names."""
         raise NotImplementedError(f"{self.name} models have no pipeline split")

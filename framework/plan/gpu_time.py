@@ -59,8 +59,11 @@ def part_time(traced: Traced, part: str, sequences: int, peak: float, attention_
               compiled: bool) -> PartTime:
     """Seconds of one micro-batch of `sequences` in `part` ("block": all blocks; "rest": embedding, head,
     loss): what one sequence costs, and what each further one adds (the traces of one and two)."""
-    one, two = (_part_time(c, part, peak, attention_peak, hbm, compiled) for c in (traced.one, traced.two))
+    one = _part_time(traced.one, part, peak, attention_peak, hbm, compiled)
     grown = sequences - 1
+    if not grown:
+        return one
+    two = _part_time(traced.two, part, peak, attention_peak, hbm, compiled)
     return PartTime(matmul=one.matmul + grown * (two.matmul - one.matmul),
                     attention=one.attention + grown * (two.attention - one.attention),
                     memory=one.memory + grown * (two.memory - one.memory))

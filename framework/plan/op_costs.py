@@ -147,17 +147,23 @@ class _Recorder(TorchDispatchMode):
 _CACHE: dict = {}
 
 
-@dataclass(frozen=True)
 class Traced:
     """A micro-batch of one sequence and of two: what grows with the micro-batch is their difference, and
     what does not (autocast's weight copies, the gradients' accumulation; most of an MoE layer's
-    traffic at short sequences) is the rest."""
-    one: OpCosts
-    two: OpCosts
+    traffic at short sequences) is the rest. The second trace is made only when asked for."""
+
+    def __init__(self, cfg, seq_len: int, kernel: str):
+        self._args = (cfg, seq_len, kernel)
+        self.one = traced(cfg, 1, seq_len, kernel)
+
+    @property
+    def two(self) -> OpCosts:
+        cfg, seq_len, kernel = self._args
+        return traced(cfg, 2, seq_len, kernel)
 
 
 def traced_per_sequence(cfg, seq_len: int, kernel: str = attention_kernel.FUSED) -> Traced:
-    return Traced(traced(cfg, 1, seq_len, kernel), traced(cfg, 2, seq_len, kernel))
+    return Traced(cfg, seq_len, kernel)
 
 
 def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED) -> OpCosts:
@@ -166,8 +172,41 @@ def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.F
     key = (OmegaConf.to_yaml(cfg.model, resolve=True), OmegaConf.to_yaml(cfg.activation_checkpointing, resolve=True),
            cfg.precision.name, int(cfg.data.vocab_size), kernel, micro_batch, seq_len)
     if key not in _CACHE:
-        _CACHE[key] = _trace(cfg, micro_batch, seq_len, kernel)
+        _CACHE[key] = _trace_few_blocks(cfg, micro_batch, seq_len, kernel)
     return _CACHE[key]
+
+
+def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
+    """Blocks alike cost alike: the model traced with two and with three of them (whole periods of
+    layer-wise checkpointing) gives the first and last blocks' cost and each further block's, so a
+    126-layer model is traced in seconds. Models whose spec cannot shorten them are traced whole."""
+    spec = spec_for(cfg.model)
+    layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 0
+    ac = cfg.activation_checkpointing
+    period = (ac.get("every_n_layers") or 1) if ac.mode == "layer" else 1
+    if layers <= 3 * period or layers % period:
+        return _trace(cfg, micro_batch, seq_len, kernel)
+    shorter = [_with_layers(cfg, spec, n * period) for n in (2, 3)]
+    if None in shorter:
+        return _trace(cfg, micro_batch, seq_len, kernel)
+    two, three = (_trace(c, micro_batch, seq_len, kernel) for c in shorter)
+    more = layers // period - 2
+    for table in ("attention_flops", "memory_bytes", "fused_bytes", "kernels", "fused_kernels"):
+        store, extra = getattr(two, table), getattr(three, table)
+        if "block" in store:
+            store["block"] += more * (extra["block"] - store["block"])
+    two.matmuls["block"] = {shape: n + more * (three.matmuls["block"][shape] - n)
+                            for shape, n in two.matmuls.get("block", {}).items()}
+    return two
+
+
+def _with_layers(cfg, spec, n_layers: int):
+    fewer = spec.with_layers(cfg.model, n_layers)
+    if fewer is None:
+        return None
+    small = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    small.model = fewer
+    return small
 
 
 def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
@@ -175,28 +214,35 @@ def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
     spec = spec_for(cfg.model)
     costs = OpCosts()
     depth = [0]
-    phase = ["forward"]
+    phase = ["forward", 0]      # pass, and which entry into a block: a compiled block fuses within itself only
+
+    def enter(*_):
+        depth[0] += 1
+        phase[1] += 1
+
+    def leave(*_):
+        depth[0] -= 1
+        phase[1] += 1
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = spec.build(cfg.model)
         checkpoint_activations(model, cfg.activation_checkpointing, spec)
         handles = []
         for _, block in find_blocks(model, spec.block_classes(model)):
-            handles += [block.register_forward_pre_hook(lambda *a: depth.__setitem__(0, depth[0] + 1)),
-                        block.register_forward_hook(lambda *a: depth.__setitem__(0, depth[0] - 1)),
-                        block.register_full_backward_pre_hook(lambda *a: depth.__setitem__(0, depth[0] + 1)),
-                        block.register_full_backward_hook(lambda *a: depth.__setitem__(0, depth[0] - 1))]
+            handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave),
+                        block.register_full_backward_pre_hook(enter), block.register_full_backward_hook(leave)]
         for p in model.parameters():
             p.requires_grad_(True)
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         precision = cfg.precision.name
         autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
                     if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
-        recorder = _Recorder(costs, lambda: depth[0] > 0, lambda: phase[0])
+        recorder = _Recorder(costs, lambda: depth[0] > 0, lambda: tuple(phase))
         with recorder, attention_kernel.tracing(kernel):
             with autocast:
                 loss = cross_entropy(model(tokens), tokens)
             phase[0] = "backward"
             depth[0] = 0
+            phase[1] += 1
             loss.backward()
         for h in handles:
             h.remove()

@@ -1,0 +1,55 @@
+"""The operator trace behind the planner's GPU step time (framework/plan/op_costs.py, gpu_time.py): the
+short cuts it takes give what the long way gives. Fake tensors only: no process, no arithmetic."""
+import pytest
+
+from framework.plan import attention_kernel, gpu_time, op_costs
+from tests.test_plan import config
+
+H100 = dict(peak=989e12, attention_peak=989e12, hbm=3.35e12)
+LLAMA = ("model=llama_125m", "model.dim=128", "model.n_layers=8", "model.n_heads=4", "model.n_kv_heads=2",
+         "model.vocab_size=512", "data=synthetic", "data.vocab_size=512", "data.seq_len=256", "precision=bf16")
+
+
+def _flops(costs, part):
+    return sum(2 * m * n * k * count for (m, n, k, _), count in costs.matmuls.get(part, {}).items())
+
+
+@pytest.mark.parametrize("extra", [[], ["activation_checkpointing=full"], ["activation_checkpointing=selective"]],
+                         ids=["none", "full", "layer"])
+def test_two_and_three_traced_blocks_give_what_every_block_costs(extra):
+    cfg = config(*LLAMA, *extra)
+    few = op_costs._trace_few_blocks(cfg, 1, 256, attention_kernel.FUSED)
+    every = op_costs._trace(cfg, 1, 256, attention_kernel.FUSED)
+    assert _flops(few, "block") == pytest.approx(_flops(every, "block"), rel=1e-9)
+    for table in ("attention_flops", "memory_bytes", "fused_bytes", "kernels"):
+        assert getattr(few, table)["block"] == pytest.approx(getattr(every, table)["block"], rel=1e-9), table
+    assert few.memory_bytes["rest"] == every.memory_bytes["rest"]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_micro_batch_costs_what_the_traces_of_one_and_two_sequences_extrapolate_to(compiled):
+    cfg = config(*LLAMA)
+    traced = op_costs.traced_per_sequence(cfg, 256)
+    direct = op_costs.traced(cfg, 4, 256)
+    for part in ("block", "rest"):
+        predicted = gpu_time.part_time(traced, part, 4, compiled=compiled, **H100)
+        measured = gpu_time._part_time(direct, part, compiled=compiled, **H100)
+        assert predicted.total == pytest.approx(measured.total, rel=0.01), part
+
+
+def test_a_compiled_block_moves_less_than_an_eager_one_and_the_same_matmuls():
+    costs = op_costs.traced(config(*LLAMA), 1, 256)
+    assert costs.fused_bytes["block"] < 0.5 * costs.memory_bytes["block"]
+    assert costs.fused_kernels["block"] < costs.kernels["block"]
+
+
+def test_fp32_grouped_query_attention_plans_the_math_kernel_on_a_gpu():
+    assert attention_kernel.on_gpu(config(*LLAMA)) == attention_kernel.FUSED                       # bf16: flash
+    assert attention_kernel.on_gpu(config(*LLAMA, "precision=fp32")) == attention_kernel.MATH       # fp32 + GQA
+    assert attention_kernel.on_gpu(config(*LLAMA, "precision=fp32", "model.n_kv_heads=4")) == attention_kernel.FUSED
+    # the math kernel materialises the s x s scores: its matmuls appear, the fused kernel's FLOPs go
+    cfg = config(*LLAMA, "precision=fp32")
+    math = op_costs.traced(cfg, 1, 256, attention_kernel.MATH)
+    fused = op_costs.traced(cfg, 1, 256, attention_kernel.FUSED)
+    assert not math.attention_flops.get("block") and fused.attention_flops["block"] > 0
+    assert _flops(math, "block") > _flops(fused, "block")
