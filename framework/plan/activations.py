@@ -128,7 +128,8 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
-def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = attention_kernel.FUSED) -> ActivationProfile:
+def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1,
+            kernel: str = attention_kernel.FUSED) -> ActivationProfile:
     """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors,
     with attention on `kernel` (attention_kernel: the math kernel keeps its s x s scores).
     cp > 1: seq_len is a cp rank's share, and its positions are held (framework.models.positions) as the

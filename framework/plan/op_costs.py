@@ -112,17 +112,17 @@ class _Recorder(TorchDispatchMode):
         part = "block" if self.in_block() else "rest"
         moved = sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs)
         c = self.costs
+        heavy = name in MATMULS or name.startswith(ATTENTION)
         c.add("kernels", part, 1)
-        if part == "rest" or not name.startswith(ATTENTION) and name not in MATMULS:
-            c.add("fused_kernels", part, 1 if part == "rest" else 0)
-        else:
-            c.add("fused_kernels", part, 2)     # the kernel and the fused group of pointwise work after it
+        if part == "rest":
+            c.add("fused_kernels", part, 1)
+        elif heavy:
+            c.add("fused_kernels", part, 2)     # the kernel, and the fused group of pointwise work after it
         if name in MATMULS:
             a, b = ins[-2], ins[-1]
             m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-            batch = a.numel() // (m * k) if name != "_grouped_mm" else 1
-            if name == "_grouped_mm":        # (tokens, k) x (experts, k, n): every token once
-                m, k, n = a.shape[0], a.shape[-1], b.shape[-1]
+            # a batched matmul counts its batch; a grouped one, (tokens, k) x (experts, k, n), each token once
+            batch = 1 if name == "_grouped_mm" else a.numel() // (m * k)
             c.add("matmuls", part, batch, (m, n, k, a.element_size()))
             for t in ins:
                 self._read(t, False)         # a fused producer's output is written before the matmul

@@ -126,7 +126,8 @@ def _unit_numels(shapes) -> list[int]:
 def _activations(cfg, layout: Layout, pp_rank: int, kernel: str = attention_kernel.FUSED) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
     attention on `kernel`."""
-    profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel)   # scaled by the micro-batch, but weight copies
+    # one sequence, scaled by the micro-batch (but autocast's weight copies, made once)
+    profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel)
     if cfg.trainer.get("compile") and layout.ac == "none":
         profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
