@@ -26,7 +26,8 @@ class _Held:
         if entry is not None and entry[0]() is table and entry[1].shape[0] == seq_len:
             return entry[1]
         rows = table[token_positions(seq_len, table.device)]
-        # the entry goes with its table (a forward's tables die with it), so an id reused later misses
+        # the entry, and the rows it keeps alive, go with its table: a forward's tables die with it, so a
+        # step of many micro-batches holds one forward's rows, and an id reused later misses
         ref = weakref.ref(table, lambda r, rows=self.rows, key=key: rows.get(key, (None,))[0] is r
                           and rows.pop(key))
         self.rows[key] = (ref, rows)

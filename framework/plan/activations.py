@@ -128,6 +128,23 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
+def job_model(cfg, spec) -> nn.Module:
+    """The model as the job builds it before any wrap (its activation checkpointing included), every
+    parameter trained; under FakeTensorMode, shapes only."""
+    model = spec.build(cfg.model)
+    checkpoint_activations(model, cfg.activation_checkpointing, spec)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def job_autocast(precision: str):
+    """The autocast the job's forward runs under, on the CPU where the fake tensors live."""
+    if precision in ("bf16", "fp16", "float8"):
+        return torch.autocast("cpu", dtype=compute_dtype(precision))
+    return torch.autocast("cpu", enabled=False)
+
+
 def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1,
             kernel: str = attention_kernel.FUSED) -> ActivationProfile:
     """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors,
@@ -153,8 +170,7 @@ def _measure(key, cfg) -> ActivationProfile:
     held = holding(shard_positions(seq_len * cp, cp, 0)) if cp > 1 else contextlib.nullcontext()
     stack: list[str] = []
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = spec.build(cfg.model)
-        checkpoint_activations(model, cfg.activation_checkpointing, spec)
+        model = job_model(cfg, spec)
         blocks = find_blocks(model, spec.block_classes(model))
         plan = {}
         try:
@@ -189,14 +205,9 @@ def _measure(key, cfg) -> ActivationProfile:
         for m in model.modules():
             if m is not model:
                 handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-        for p in model.parameters():
-            p.requires_grad_(True)
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
-        precision = cfg.precision.name
-        autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
-                    if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
-        with tracker, autocast, held, attention_kernel.tracing(key[-4]):
+        with tracker, job_autocast(cfg.precision.name), held, attention_kernel.tracing(key[-4]):
             logits = model(tokens)
             loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph

@@ -27,10 +27,9 @@ from torch.utils._pytree import tree_leaves
 
 from framework.loss import cross_entropy
 from framework.models.spec import spec_for
-from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
 from framework.plan import attention_kernel
-from framework.precision import compute_dtype
+from framework.plan.activations import job_autocast, job_model
 
 MATMULS = ("mm", "addmm", "bmm", "_grouped_mm", "baddbmm")
 ATTENTION = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
@@ -224,21 +223,15 @@ def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
         depth[0] -= 1
         phase[1] += 1
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = spec.build(cfg.model)
-        checkpoint_activations(model, cfg.activation_checkpointing, spec)
+        model = job_model(cfg, spec)
         handles = []
         for _, block in find_blocks(model, spec.block_classes(model)):
             handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave),
                         block.register_full_backward_pre_hook(enter), block.register_full_backward_hook(leave)]
-        for p in model.parameters():
-            p.requires_grad_(True)
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
-        precision = cfg.precision.name
-        autocast = (torch.autocast("cpu", dtype=compute_dtype(precision))
-                    if precision in ("bf16", "fp16", "float8") else torch.autocast("cpu", enabled=False))
         recorder = _Recorder(costs, lambda: depth[0] > 0, lambda: tuple(phase))
         with recorder, attention_kernel.tracing(kernel):
-            with autocast:
+            with job_autocast(cfg.precision.name):
                 loss = cross_entropy(model(tokens), tokens)
             phase[0] = "backward"
             depth[0] = 0

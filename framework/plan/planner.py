@@ -244,27 +244,28 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)
     timed = None
-    if device.name == "cpu" and layout.precision == "fp32":
-        # Timed on every core: workers of a job share the host's memory bandwidth and caches, so one
-        # worker's core does what a core does while all are busy (two 1-thread workers each take ~1.5x
-        # the time one alone takes), not what it does alone.
-        timed = measured_timing(cfg, layout.micro_batch, layout.seq_len, device.cores, flops_per_token, peak,
-                                device.efficiency)
-    compute_s = (flops_per_token * tokens_per_step / world_size * recompute
-                 / (device.worker_peak(peak, world_size) * (timed.efficiency if timed else device.efficiency)))
-    if not device.cores:
+    if not device.cores:        # a GPU: the job's own operators, timed by class
         compute_s, optimizer_s = _gpu_seconds(cfg, layout, device, per_rank, pp_rank)
-    elif timed is None:
-        # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are
-        # cheaper (a timed micro-batch has them in its time already)
-        blocks = n_layers // layout.pp
-        compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
-        optimizer_s = 0.0
     else:
-        # the rank steps its share of the optimizer states (sharded by zero / fsdp / tp / pp)
-        kind = OptimizerKind.of(cfg.optimizer)
-        share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
-        optimizer_s = timed.optimizer_s * share
+        if layout.precision == "fp32":
+            # Timed on every core: workers of a job share the host's memory bandwidth and caches, so one
+            # worker's core does what a core does while all are busy (two 1-thread workers each take ~1.5x
+            # the time one alone takes), not what it does alone.
+            timed = measured_timing(cfg, layout.micro_batch, layout.seq_len, device.cores, flops_per_token, peak,
+                                    device.efficiency)
+        compute_s = (flops_per_token * tokens_per_step / world_size * recompute
+                     / (device.worker_peak(peak, world_size) * (timed.efficiency if timed else device.efficiency)))
+        if timed is None:
+            # each micro-batch pays operator overheads per block, whatever its size: fewer, larger ones are
+            # cheaper (a timed micro-batch has them in its time already)
+            blocks = n_layers // layout.pp
+            compute_s += layout.accumulation * blocks * OPS_PER_BLOCK * recompute * device.op_overhead_s
+            optimizer_s = 0.0
+        else:
+            # the rank steps its share of the optimizer states (sharded by zero / fsdp / tp / pp)
+            kind = OptimizerKind.of(cfg.optimizer)
+            share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
+            optimizer_s = timed.optimizer_s * share
     if timed is not None and layout.tp > 1:
         # the timed model is plain tensors, and whole: a tensor-parallel rank (holding 1/pp of the blocks)
         # also pays DTensor's dispatch and what tp does not split
