@@ -113,6 +113,20 @@ def test_op_level_keeps_matmuls_and_attention_and_changes_nothing_else():
         assert torch.equal(op_grads[name], g), name
 
 
+def test_op_level_keeping_every_other_matmul_recomputes_half_of_them_and_changes_nothing_else():
+    loss, grads, _, mm_plain = step(build("none")[0])
+    alternate, _ = build("op", save_every_nth_matmul=2)
+    alt_loss, alt_grads, _, mm_alt = step(alternate)
+    kept = {name: kept_bytes(model) for name, model in
+            (("full", build("full")[0]), ("alternate", build("op", save_every_nth_matmul=2)[0]), ("op", build("op")[0]))}
+    assert kept["full"] < kept["alternate"] < kept["op"], kept
+    # Llama's block runs 7 forward matmuls (q, k, v, o, gate, up, down): the 2nd, 4th and 6th run again
+    assert mm_alt - mm_plain == 3 * ARGS["n_layers"]
+    assert torch.equal(alt_loss, loss)
+    for name, g in grads.items():
+        assert torch.equal(alt_grads[name], g), name
+
+
 def test_op_level_keeps_attention_outputs():
     """Attention is not a matmul to the dispatcher: without it in the policy its kernel would run again."""
     class CountAttention(TorchDispatchMode):

@@ -41,6 +41,13 @@ IN_PROCESS_CASES = {
                                              "trainer.micro_batch_size=3"], "trainer.global_batch_size",
                                             "8 is not divisible by micro_batch_size x data-parallel degree = 3 x 2"),
     "zero_stage1_refused": (["zero=stage1"], "zero", "use zero=stage2"),
+    "every_other_matmul_without_kept_matmuls": (["activation_checkpointing=full",
+                                                 "activation_checkpointing.save_every_nth_matmul=2"],
+                                                "activation_checkpointing.save_every_nth_matmul",
+                                                "applies where matmul outputs are kept"),
+    "every_0th_matmul": (["activation_checkpointing=selective", "activation_checkpointing.mode=op",
+                          "activation_checkpointing.save_every_nth_matmul=0"],
+                         "activation_checkpointing.save_every_nth_matmul", "must be at least 1, got 0"),
     # the shared checks run under 3d too: this once reached the workers and divided by zero there
     "selective_every_0_layers": (["activation_checkpointing=selective", "activation_checkpointing.every_n_layers=0"],
                                  "activation_checkpointing.every_n_layers", "must be at least 1, got 0"),

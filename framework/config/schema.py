@@ -80,6 +80,7 @@ class ActivationCheckpointingConfig:
     mode: str = "none"
     every_n_layers: int = 2     # layer: checkpoint every Nth block
     save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
+    save_every_nth_matmul: int = 1  # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
     block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 

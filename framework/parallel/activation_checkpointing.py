@@ -4,6 +4,8 @@
 saving matmul outputs inside the recomputed blocks (save_matmuls) so only cheap ops are redone; `op`
 checkpoints every block under torch's selective-checkpoint policy: the outputs of matmuls and of
 attention are kept, everything else (norms, activations, rotary, residual adds) is recomputed.
+save_every_nth_matmul=2 keeps only every other matmul's output (torchtitan's op-level policy): less
+memory for a second forward of half the matmuls.
 
 The block's own `forward` is replaced on the instance instead of wrapping the block in another
 module, so parameter and state-dict names stay exactly those of the plain model (checkpoints load
@@ -33,16 +35,24 @@ _ATTENTION = {getattr(torch.ops.aten, name).default for name in (
     "_scaled_dot_product_attention_math") if hasattr(torch.ops.aten, name)}
 
 
-def _save_matmuls(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in _MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+def _keep_matmuls(every: int, attention: bool):
+    """A policy for one checkpointed call: keep the 1st, (1+every)th, ... matmul output of the block (every=2
+    is torchtitan's op-level policy, which recomputes every second matmul) and, with `attention`, attention's
+    outputs; recompute the rest. The recompute counts its own matmuls, so both passes pick the same ones."""
+    seen = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in _MATMULS:
+            seen[ctx.is_recompute] += 1
+            keep = (seen[ctx.is_recompute] - 1) % every == 0
+        else:
+            keep = attention and op in _ATTENTION
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
 
 
-def _save_matmuls_and_attention(ctx, op, *args, **kwargs):
-    return CheckpointPolicy.MUST_SAVE if op in _MATMULS or op in _ATTENTION else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _checkpointed_forward(forward, policy):
-    context_fn = functools.partial(create_selective_checkpoint_contexts, policy) if policy else None
+def _checkpointed_forward(forward, make_policy):
+    context_fn = (lambda: create_selective_checkpoint_contexts(make_policy())) if make_policy else None
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
@@ -72,6 +82,13 @@ def validate_activation_checkpointing(cfg) -> None:
     if ac.save_matmuls and ac.mode != "layer":
         raise ConfigError("activation_checkpointing.save_matmuls",
                           "applies to activation_checkpointing.mode=layer (mode=op always keeps matmul outputs)")
+    if ac.save_every_nth_matmul < 1:
+        raise ConfigError("activation_checkpointing.save_every_nth_matmul",
+                          f"must be at least 1, got {ac.save_every_nth_matmul}")
+    if ac.save_every_nth_matmul > 1 and not (ac.mode == "op" or ac.save_matmuls):
+        raise ConfigError("activation_checkpointing.save_every_nth_matmul",
+                          "applies where matmul outputs are kept: activation_checkpointing.mode=op, or mode=layer "
+                          "with save_matmuls=true")
     if not ac.block_classes and not spec_for(cfg.model).has_blocks(cfg.model):
         raise ConfigError("activation_checkpointing.block_classes",
                           f"{cfg.model._target_} has no block_classes(); name the classes to checkpoint")
@@ -90,8 +107,10 @@ def apply_activation_checkpointing(model: nn.Module, ac_cfg, block_classes: Iter
     if ac_cfg.mode not in MODES:
         raise ValueError(f"unknown activation checkpointing mode {ac_cfg.mode!r}; use {', '.join(MODES)}")
     names = selected_blocks(model, ac_cfg, block_classes)
-    policy = {"op": _save_matmuls_and_attention,
-              "layer": _save_matmuls if ac_cfg.save_matmuls else None}.get(ac_cfg.mode)
+    every = ac_cfg.get("save_every_nth_matmul", 1)
+    policy = None
+    if ac_cfg.mode == "op" or (ac_cfg.mode == "layer" and ac_cfg.save_matmuls):
+        policy = functools.partial(_keep_matmuls, every, ac_cfg.mode == "op")
     for name in names:
         block = model.get_submodule(name)
         block.forward = _checkpointed_forward(block.forward, policy)
