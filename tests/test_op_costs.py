@@ -1,8 +1,10 @@
-"""The operator trace behind the planner's GPU step time (framework/plan/op_costs.py, gpu_time.py): the
-short cuts it takes give what the long way gives. Fake tensors only: no process, no arithmetic."""
+"""The operator trace behind the planner's GPU step time (framework/plan/op_costs.py, gpu_time.py) and its
+activation trace (activations.py): the short cuts they take give what the long way gives. Fake tensors
+only: no process, no arithmetic."""
 import pytest
 
-from framework.plan import attention_kernel, gpu_time, op_costs
+from framework.plan import activations, attention_kernel, few_blocks, gpu_time, op_costs
+from framework.plan.layout import Casting
 from tests.test_plan import config
 
 H100 = dict(peak=989e12, attention_peak=989e12, hbm=3.35e12)
@@ -24,6 +26,23 @@ def test_two_and_three_traced_blocks_give_what_every_block_costs(extra):
     for table in ("attention_flops", "memory_bytes", "fused_bytes", "kernels"):
         assert getattr(few, table)["block"] == pytest.approx(getattr(every, table)["block"], rel=1e-9), table
     assert few.memory_bytes["rest"] == every.memory_bytes["rest"]
+
+
+@pytest.mark.parametrize("extra", [[], ["activation_checkpointing=full"], ["activation_checkpointing=selective"],
+                                   ["activation_checkpointing=selective", "activation_checkpointing.mode=op"]],
+                         ids=["none", "full", "layer", "op"])
+def test_three_traced_periods_of_blocks_give_the_whole_models_activations(extra, monkeypatch):
+    cfg = config(*LLAMA, *extra)
+    for casting in (Casting(), Casting(weights=True, autocast=False)):
+        few = activations.measure(cfg, 1, 256, casting=casting)
+        with monkeypatch.context() as m:
+            m.setattr(few_blocks, "shortened", lambda *_: None)
+            m.setattr(activations, "_CACHE", {})
+            whole = activations.measure(cfg, 1, 256, casting=casting)
+        assert len(few.blocks) == len(whole.blocks) == cfg.model.n_layers
+        for profile in ("blocks", "head", "tail", "block_full", "block_largest"):
+            assert getattr(few, profile) == getattr(whole, profile), profile
+        assert few.compiled.blocks == whole.compiled.blocks
 
 
 @pytest.mark.parametrize("compiled", [False, True])

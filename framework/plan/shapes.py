@@ -74,15 +74,22 @@ def _meta_model(cfg) -> nn.Module:
     return _META[key]
 
 
+_STAGES: dict[tuple, nn.Module] = {}
+
+
 def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
-    """The modules rank `pp_rank` of the pipeline holds, on the meta device."""
-    spec = spec_for(cfg.model)
+    """The modules rank `pp_rank` of the pipeline holds, on the meta device (each stage split once: a split
+    copies the model)."""
     model = _meta_model(cfg)
     if layout.pp == 1:
         return [model]
     stages = layout.pp * layout.virtual_stages
     ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
-    return [spec.pipeline_stage(model, i, stages) for i in ids]
+    key = OmegaConf.to_yaml(cfg.model)
+    for i in ids:
+        if (key, i, stages) not in _STAGES:
+            _STAGES[key, i, stages] = spec_for(cfg.model).pipeline_stage(model, i, stages)
+    return [_STAGES[key, i, stages] for i in ids]
 
 
 def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
