@@ -18,7 +18,7 @@ from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
 from framework.plan.activations import measure
 from framework.plan.auto import TIE, report, simplicity
-from framework.plan.layout import layout_of
+from framework.plan.layout import Casting, layout_of
 from framework.plan.model_states import model_states
 from framework.plan.shapes import rank_parameters
 from framework.strategies.registry import strategy_class
@@ -68,13 +68,17 @@ def _cfg_layout(common, world):
     return cfg, layout_of(cfg, world)
 
 
-def _saved_bytes(cfg, micro_batch):
+def _saved_bytes(cfg, micro_batch, casting=Casting()):
     """What autograd keeps for backward on the real model: saved tensors (not parameters), plus the inputs
-    that non-reentrant checkpointing holds for each recomputed block."""
+    that non-reentrant checkpointing holds for each recomputed block. casting.weights: the parameters in
+    bf16, as FSDP2's policy hands them to the blocks (and DeepSpeed's bf16 engine holds them)."""
     spec = spec_for(cfg.model)
     torch.manual_seed(0)
     model = spec.build(cfg.model)
     checkpoint_activations(model, cfg.activation_checkpointing, spec)
+    if casting.weights:
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages = {}
 
@@ -95,22 +99,24 @@ def _saved_bytes(cfg, micro_batch):
     tokens = torch.randint(0, cfg.model.vocab_size, (micro_batch, cfg.data.seq_len))
     dtype = {"bf16": torch.bfloat16}.get(cfg.precision.name)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-            torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None and casting.autocast):
         loss = F.cross_entropy(model(tokens).flatten(0, -2).float(), tokens.flatten())
     loss.backward()
     return sum(storages.values())
 
 
 @pytest.mark.parametrize("model", ["tiny", "gpt2_tiny"])
-@pytest.mark.parametrize("extra", [[], ["activation_checkpointing=full"], ["precision=bf16"],
-                                   ["activation_checkpointing=selective", "activation_checkpointing.every_n_layers=1"]],
-                         ids=["none", "full", "bf16", "selective"])
-def test_activation_bytes_match_what_autograd_keeps(model, extra):
+@pytest.mark.parametrize("extra,casting", [
+    ([], Casting()), (["activation_checkpointing=full"], Casting()), (["precision=bf16"], Casting()),
+    (["precision=bf16"], Casting(weights=True, autocast=False)),
+    (["activation_checkpointing=selective", "activation_checkpointing.every_n_layers=1"], Casting())],
+    ids=["none", "full", "bf16", "bf16_weights", "selective"])
+def test_activation_bytes_match_what_autograd_keeps(model, extra, casting):
     cfg = config(f"model={model}", "data.seq_len=64", *extra)
     # as the planner does: one sequence's bytes times the micro-batch, plus autocast's weight copies once
-    profile, blocks = measure(cfg, 1, 64), list(range(cfg.model.n_layers))
+    profile, blocks = measure(cfg, 1, 64, casting=casting), list(range(cfg.model.n_layers))
     planned = 4 * profile.stage_bytes(blocks, True, True, tp=1, sp=False) + profile.stage_copies(blocks, True, True, tp=1)
-    measured = _saved_bytes(cfg, 4)
+    measured = _saved_bytes(cfg, 4, casting)
     assert planned == pytest.approx(measured, rel=0.10), (planned, measured)
 
 

@@ -99,28 +99,38 @@ def test_the_fp32_job_that_died_of_oom_on_an_h100_is_planned_as_not_fitting():
 
 # ---- torchtitan's published H100 runs (held out: nothing here was fitted on them) --------------------
 # Source: pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (and docs/performance.md, Table 1):
-# Llama 3.1 8B, FSDP, local batch 2, seq 8192, selective AC, bf16, on 96 GB H100s (8 per host).
+# Llama 3.1 8B, FSDP, local batch 2, seq 8192, selective AC, bf16, on 96 GB H100s (8 per host). Its memory
+# column is torch.cuda's max reserved (torchtitan logs max_reserved_gib), which the planned allocated peak
+# must not exceed by more than the allocator's usual reserve; both directions are held to 15%.
 LLAMA3_8B = ("model=llama3_8b data=synthetic data.vocab_size=128256 data.seq_len=8192 precision=bf16 "
              "planner.device=h100_96gb planner.gpus_per_node=8").split()
+# torchtitan's llama3_8b.toml: selective AC with selective_ac_option = "op", whose policy keeps the output of
+# every other matmul of a block and recomputes the rest
+TORCHTITAN_JOB = ["parallel=fsdp", "zero=stage3", "activation_checkpointing=selective", "activation_checkpointing.mode=op",
+                  "activation_checkpointing.save_every_nth_matmul=2", "trainer.micro_batch_size=2"]
 TORCHTITAN = [  # (name, extra overrides, measured GiB, tokens/s/GPU)
     ("fsdp_x8", ["planner.nodes=1", "trainer.global_batch_size=16"], 82.4, 5762),
     ("fsdp_x8_compile", ["planner.nodes=1", "trainer.global_batch_size=16", "trainer.compile=true"], 77.0, 6667),
     ("fsdp_x128", ["planner.nodes=16", "trainer.global_batch_size=256"], 67.0, 5605),
 ]
+COMPILE_TOO_FAST = pytest.mark.xfail(strict=True, reason=(
+    "issue 32: compile is planned at +46% over eager where torchtitan measured +16% (our 870M H100 rows "
+    "measured +50%); without a GPU it cannot be told which of the planner's compiled-block costs is wrong"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 32: the 8B plans 88-98 GiB (torchtitan's op-level policy keeps every "
-                                       "other matmul output, ours all of them, and torchtitan runs the blocks in bf16 "
-                                       "under FSDP2's policy where ours autocasts from fp32)")
-@pytest.mark.parametrize("name,extra,gib,tokens", TORCHTITAN, ids=[t[0] for t in TORCHTITAN])
-def test_torchtitans_published_h100_runs_are_planned_and_not_refused(name, extra, gib, tokens):
-    # torchtitan's llama3_8b.toml: selective AC with selective_ac_option = "op"
-    plan, _ = plan_for([*LLAMA3_8B, *extra, "parallel=fsdp", "zero=stage3", "activation_checkpointing=selective",
-                        "activation_checkpointing.mode=op", "trainer.micro_batch_size=2"])
-    per_gpu = plan.tokens_per_sec / plan.layout.world
+@pytest.mark.parametrize("name,extra,gib", [t[:3] for t in TORCHTITAN], ids=[t[0] for t in TORCHTITAN])
+def test_torchtitans_published_h100_runs_are_planned_within_15pct_of_their_memory_and_not_refused(name, extra, gib):
+    plan, _ = plan_for([*LLAMA3_8B, *extra, *TORCHTITAN_JOB])
     assert not plan.refused
     assert plan.per_rank_bytes["total"] / GIB == pytest.approx(gib, rel=0.15)
-    assert per_gpu == pytest.approx(tokens, rel=0.25)
+
+
+@pytest.mark.parametrize("name,extra,tokens", [
+    pytest.param(name, extra, tokens, id=name, marks=[COMPILE_TOO_FAST] if "compile" in name else [])
+    for name, extra, _, tokens in TORCHTITAN])
+def test_torchtitans_published_h100_runs_are_planned_within_25pct_of_their_tokens_per_second(name, extra, tokens):
+    plan, _ = plan_for([*LLAMA3_8B, *extra, *TORCHTITAN_JOB])
+    assert plan.tokens_per_sec / plan.layout.world == pytest.approx(tokens, rel=0.25)
 
 
 def test_auto_for_the_8b_on_8_h100s_picks_a_layout_planned_at_least_as_fast_as_fsdp():

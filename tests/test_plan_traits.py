@@ -18,6 +18,7 @@ from framework.plan.auto import candidates, rank_layouts
 from framework.plan.check import _variants
 from framework.plan.hardware import device_named
 from framework.plan.planner import make_plan
+from framework.plan.shapes import _meta_model
 from framework.strategies import registry
 from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 from framework.strategies.registry import all_strategy_classes, strategy_class
@@ -70,6 +71,15 @@ class Units(TorchStrategy):
     zero_shards = {2: ZERO_SHARDS[3]}
     reduces_every_micro_batch = True
     machinery = 2
+    precision_autocast = False
+
+    @classmethod
+    def casts_weights(cls, cfg, world_size):
+        return True
+
+    @classmethod
+    def keeps_gathered(cls, stage):
+        return stage == 2
 
     @classmethod
     def mesh_dims(cls, cfg, world_size):
@@ -120,6 +130,7 @@ def _numbers(plan):
     ("replicas", ["parallel=ddp", "zero=stage1", "precision=bf16"], 4),
     ("replicas", ["parallel=ddp", "zero=stage1", "parallel.gradient_as_bucket_view=true"], 2),
     ("units", ["parallel=fsdp", "zero=stage2"], 4),
+    ("units", ["parallel=fsdp", "zero=stage2", "precision=bf16"], 4),
     ("units", ["parallel=fsdp", "zero=stage3", "parallel.dp_replicate=2", "trainer.micro_batch_size=2"], 4),
 ])
 def test_a_strategy_registered_from_its_own_file_is_planned_as_the_built_in_it_mirrors(twin, overrides, world):
@@ -149,6 +160,17 @@ def _with_strategies(cfg, names):
     trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     trial.parallel.strategies = names
     return trial
+
+
+def test_units_kept_gathered_from_forward_to_backward_are_planned_whole_at_once():
+    # FSDP2's zero=stage2 (reshard_after_forward=False) holds every block's gathered parameters when
+    # backward starts; stage3 frees each after its forward and holds one or two at a time
+    world, device = 4, device_named("h100")
+    stage2, stage3 = (make_plan(_config("parallel=fsdp", f"zero=stage{z}", "model.n_layers=8"), world, device, world)
+                      for z in (2, 3))
+    whole = sum(p.numel() for p in _meta_model(_config("model.n_layers=8")).parameters()) * 4   # fp32 gathers
+    assert stage2.per_rank_bytes["buffers"] - stage3.per_rank_bytes["buffers"] > 0.5 * whole
+    assert stage2.per_rank_bytes["total"] > stage3.per_rank_bytes["total"]
 
 
 def test_the_cheapest_fit_hint_takes_the_next_zero_stage_the_strategy_accepts():

@@ -36,8 +36,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from framework.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
-from framework.plan import attention_kernel
 from framework.parallel.blocks import find_blocks
+from framework.plan import attention_kernel, few_blocks
+from framework.plan.layout import Casting
 from framework.precision import compute_dtype
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
@@ -128,31 +129,36 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
-def job_model(cfg, spec) -> nn.Module:
+def job_model(cfg, spec, casting: Casting = Casting()) -> nn.Module:
     """The model as the job builds it before any wrap (its activation checkpointing included), every
-    parameter trained; under FakeTensorMode, shapes only."""
+    parameter trained, in the dtype the job's wrapper computes with (`casting`: buffers stay as built, as
+    FSDP2's policy and DeepSpeed's engine leave them); under FakeTensorMode, shapes only."""
     model = spec.build(cfg.model)
     checkpoint_activations(model, cfg.activation_checkpointing, spec)
+    dtype = compute_dtype(cfg.precision.name) if casting.weights else None
     for p in model.parameters():
+        if dtype is not None and p.dtype != dtype:
+            p.data = p.data.to(dtype)
         p.requires_grad_(True)
     return model
 
 
-def job_autocast(precision: str):
+def job_autocast(precision: str, casting: Casting = Casting()):
     """The autocast the job's forward runs under, on the CPU where the fake tensors live."""
-    if precision in ("bf16", "fp16", "float8"):
+    if precision in ("bf16", "fp16", "float8") and casting.autocast:
         return torch.autocast("cpu", dtype=compute_dtype(precision))
     return torch.autocast("cpu", enabled=False)
 
 
-def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1,
-            kernel: str = attention_kernel.FUSED) -> ActivationProfile:
+def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = attention_kernel.FUSED,
+            casting: Casting = Casting()) -> ActivationProfile:
     """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors,
     with attention on `kernel` (attention_kernel: the math kernel keeps its s x s scores).
     cp > 1: seq_len is a cp rank's share, and its positions are held (framework.models.positions) as the
-    job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table."""
+    job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table.
+    casting: whether the job's wrapper casts the weights and whether it autocasts (Layout.casting)."""
     key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.activation_checkpointing),
-           cfg.precision.name, cfg.precision.param_dtype, kernel, micro_batch, seq_len, cp)
+           cfg.precision.name, cfg.precision.param_dtype, Casting(*casting), kernel, micro_batch, seq_len, cp)
     return _measure(key, cfg)
 
 
@@ -162,15 +168,20 @@ _CACHE: dict = {}
 def _measure(key, cfg) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
+    casting, kernel, micro_batch, seq_len, cp = key[4:]
+    short = few_blocks.shortened(cfg, 3)
+    if short is not None:
+        three = measure(short, micro_batch, seq_len, cp, kernel, casting)
+        _CACHE[key] = _repeated(three, few_blocks.period(cfg), few_blocks.periods(cfg))
+        return _CACHE[key]
     from torch._subclasses.fake_tensor import FakeTensorMode
     from framework.models.positions import holding
     from framework.parallel.context_parallel import shard_positions
     spec = spec_for(cfg.model)
-    micro_batch, seq_len, cp = key[-3:]
     held = holding(shard_positions(seq_len * cp, cp, 0)) if cp > 1 else contextlib.nullcontext()
     stack: list[str] = []
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = job_model(cfg, spec)
+        model = job_model(cfg, spec, casting)
         blocks = find_blocks(model, spec.block_classes(model))
         plan = {}
         try:
@@ -207,7 +218,7 @@ def _measure(key, cfg) -> ActivationProfile:
                 handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
-        with tracker, job_autocast(cfg.precision.name), held, attention_kernel.tracing(key[-4]):
+        with tracker, job_autocast(cfg.precision.name, casting), held, attention_kernel.tracing(kernel):
             logits = model(tokens)
             loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph
@@ -227,7 +238,7 @@ def _measure(key, cfg) -> ActivationProfile:
         for h in handles:
             h.remove()
     if cfg.activation_checkpointing.mode != "none":
-        block_full, largest = _block_without_checkpointing(cfg, micro_batch, seq_len, cp, key[-4])
+        block_full, largest = _block_without_checkpointing(cfg, micro_batch, seq_len, cp, kernel, casting)
     else:
         block_full = sum(v for k, v in per_block[0].items() if k != COPIES) if per_block else 0
     compiled = ActivationProfile(head=head, blocks=compiled_blocks, tail=tail, block_full=block_full,
@@ -238,10 +249,21 @@ def _measure(key, cfg) -> ActivationProfile:
     return profile
 
 
-def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, cp: int, kernel: str) -> tuple[int, int]:
+def _repeated(three: ActivationProfile, period: int, periods: int) -> ActivationProfile:
+    """The profile of `periods` periods of blocks from that of three: the first and last as traced, the
+    middle one for every period between them (few_blocks)."""
+    def blocks(traced: list) -> list:
+        return traced[:period] + traced[period:2 * period] * (periods - 2) + traced[2 * period:]
+    compiled = three.compiled and _repeated(three.compiled, period, periods)
+    return ActivationProfile(head=three.head, blocks=blocks(three.blocks), tail=three.tail,
+                             block_full=three.block_full, block_largest=three.block_largest, compiled=compiled)
+
+
+def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, cp: int, kernel: str,
+                                 casting: Casting) -> tuple[int, int]:
     """(bytes, largest tensor) one block keeps when it is not checkpointed."""
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     plain.activation_checkpointing.mode = "none"
-    profile = measure(plain, micro_batch, seq_len, cp, kernel)
+    profile = measure(plain, micro_batch, seq_len, cp, kernel, casting)
     kept = sum(v for k, v in profile.blocks[0].items() if k != COPIES) if profile.blocks else 0
     return kept, profile.block_largest

@@ -8,9 +8,17 @@ strategy's name, so a strategy registered in its own file is planned as it is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from framework.parallel.batch_layout import batch_layout
 from framework.strategies.registry import strategy_class
+
+
+class Casting(NamedTuple):
+    """How a job meets its low precision: weights the wrapper already cast to it (FSDP2's policy, DeepSpeed's
+    bf16 module), autocast around the forward, or both (3d's FSDP units under autocast)."""
+    weights: bool = False
+    autocast: bool = True
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Layout:
     cp: int = 1                 # context parallel: ranks that split each sequence (3d)
     ep: int = 1                 # expert parallelism: MoE experts sharded over this many data-parallel ranks
     float8_gather: bool = False  # FSDP2 all-gathers the blocks' linear weights in float8 (tensorwise recipe)
+    casting: Casting = Casting()
 
     @property
     def shard_ranks(self) -> int:
@@ -118,4 +127,5 @@ def layout_of(cfg, world_size: int) -> Layout:
         micro_batch=batch.forward_batch, accumulation=batch.accumulation,
         seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp,
         ep=p.get("ep", 1) if "ep" in traits.model_parallel_dims else 1,
-        float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise")
+        float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise",
+        casting=Casting(weights=traits.casts_weights(cfg, world_size), autocast=traits.precision_autocast))

@@ -127,7 +127,7 @@ def _activations(cfg, layout: Layout, pp_rank: int, kernel: str = attention_kern
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
     attention on `kernel`."""
     # one sequence, scaled by the micro-batch (but autocast's weight copies, made once)
-    profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel)
+    profile = activations.measure(cfg, 1, layout.local_seq_len, layout.cp, kernel, layout.casting)
     if cfg.trainer.get("compile") and layout.ac == "none":
         profile = profile.compiled        # a checkpointed block keeps its input alone, compiled or not
     scale = layout.micro_batch
@@ -162,7 +162,9 @@ def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     if layout.traits.gradient_copy(cfg):
         total += sum(s.numel for s in shapes) * 4          # DDP's buckets: a second copy of the gradients
     elif layout.sharding == "unit" and layout.shard_ranks > 1:
-        total += 2 * max(units) * gather + max(units) * 4  # gathered unit + prefetch, reduce-scatter input
+        # gathered unit + prefetch (or, kept gathered to backward, every unit), the reduce-scatter's input
+        gathered = sum(units) if layout.traits.keeps_gathered(layout.zero) else 2 * max(units)
+        total += gathered * gather + max(units) * 4
     elif layout.sharding == "flat":
         sizes = layout.traits.flat_sizes(cfg)
         if "params" in layout.shards:

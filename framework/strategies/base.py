@@ -111,6 +111,12 @@ class Strategy:
         return cls.zero_shards.get(stage, ZERO_SHARDS[stage])
 
     @classmethod
+    def keeps_gathered(cls, stage: int) -> bool:
+        """Whether a unit's gathered parameters stay from its forward to its backward at this zero stage (so
+        every unit is whole at once when backward starts), rather than being freed after each forward."""
+        return False
+
+    @classmethod
     def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
         """The degrees model states and batches follow on `world_size` ranks: every rank a data-parallel
         replica here."""
@@ -119,6 +125,17 @@ class Strategy:
     @classmethod
     def gradient_copy(cls, cfg) -> bool:
         """Whether it keeps a second, whole copy of the gradients (DDP's buckets)."""
+        return False
+
+    #: whether the forward runs under torch.autocast (False where the wrapper casts parameters itself:
+    #: FSDP2's MixedPrecisionPolicy, DeepSpeed's bf16 engine)
+    precision_autocast = False
+
+    @classmethod
+    def casts_weights(cls, cfg, world_size: int) -> bool:
+        """Whether the blocks run on weights the wrapper has already cast to precision.param_dtype (FSDP2's
+        mixed-precision policy, DeepSpeed's bf16 module) rather than on fp32 weights under autocast: then
+        autocast keeps no low-precision copies of them, and the residual stream is in that dtype too."""
         return False
 
     @classmethod
@@ -306,7 +323,6 @@ class Strategy:
 
 class TorchStrategy(Strategy):
     """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
-    #: False where the wrapper casts parameters itself (FSDP2's MixedPrecisionPolicy)
     precision_autocast = True
     checkpoint_format = "dcp"
     supports_async_save = True

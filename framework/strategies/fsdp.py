@@ -40,6 +40,10 @@ class UnitSharded:
     zero_shards = {2: ZERO_SHARDS[3]}
 
     @classmethod
+    def keeps_gathered(cls, stage: int) -> bool:
+        return stage == 2           # reshard_after_forward=False
+
+    @classmethod
     def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
         return sharded_dims(cfg, world_size)
 
@@ -72,6 +76,10 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
                 out.append(AutoLayout(zero, (("dp_replicate", world_size // per_node), ("dp_shard", per_node)),
                                       world_size))
         return out
+
+    @classmethod
+    def casts_weights(cls, cfg, world_size: int) -> bool:
+        return True         # every rank's units gather in param_dtype, one rank included
 
     @classmethod
     def workers_wanted(cls, cfg) -> int:

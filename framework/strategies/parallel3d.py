@@ -76,6 +76,15 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
     reduces_every_micro_batch = False
     machinery = 3
 
+    @staticmethod
+    def shards_units(mesh_dims: ParallelDims) -> bool:
+        """FSDP2 wraps the stages only where some rank shares their gradients (data or context parallel)."""
+        return mesh_dims.fsdp_size > 1
+
+    @classmethod
+    def casts_weights(cls, cfg, world_size: int) -> bool:
+        return cls.shards_units(cls.mesh_dims(cfg, world_size))
+
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
         """Every tp (within a node) x cp (long sequences) x pp split whose pipeline divides the layers, with
@@ -230,7 +239,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         from framework.parallel.fsdp import mixed_precision_policy
         from framework.parallel.parallelize import ShardingPlan
         cfg = self.cfg
-        return ShardingPlan(enabled=mesh_dims.fsdp_size > 1, reshard_after_forward=cfg.zero.stage == 3,
+        return ShardingPlan(enabled=self.shards_units(mesh_dims), reshard_after_forward=cfg.zero.stage == 3,
                             mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:

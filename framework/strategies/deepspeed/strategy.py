@@ -63,6 +63,10 @@ class DeepSpeedStrategy(Strategy):
                 "persistence_threshold": p.stage3_param_persistence_threshold}
 
     @classmethod
+    def casts_weights(cls, cfg, world_size: int) -> bool:
+        return cfg.precision.name in ("bf16", "fp16")   # the engine casts the module's parameters, not buffers
+
+    @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
         """ZeRO-1 to 3 (zero=none is DDP's layout with more machinery), and 2 and 3 with the optimizer
         states in host memory."""
