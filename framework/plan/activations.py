@@ -14,12 +14,18 @@ Autocast's low-precision copies of the weights (COPIES), which the backward of e
 made once per step whatever the micro-batch: they are counted apart from what grows with it.
 
 A compiled block (trainer.compile) keeps less: inductor's partitioner saves what the matmuls and
-attention read (the norms' low-precision outputs, rope's q and k, the MLP's product) and what they make
-that eager keeps too (attention's output, the MLP's gate and up), and recomputes the rest from them: the
-fp32 residual stream and the norms' fp32 work are not kept. `compiled` is the same profile with only
-those kept in blocks. (Checked on CPU inductor, which partitions as on a GPU, with saved-tensor hooks on a
-compiled Llama block under bf16 autocast: 8,472 bytes a token against eager's 13,976, a ratio of 0.61;
-an H100 measured 0.61 for the 870M job, ../shared/gpu.)
+attention read and make (the norms' low-precision outputs, rope's q and k, attention's output and the copy
+of it laid out for the output projection, the MLP's gate, up and product) and the block's input, and
+recomputes the rest from them: the norms' fp32 work and the residual inside the block are not kept.
+`compiled` is the same profile with only those kept in blocks. Checked with saved-tensor hooks on
+CPU-inductor-compiled Llama blocks, which partition as on a GPU (`python
+benchmarks/compiled_activation_bytes.py`): within 0.1% of the plan, with fp32 weights under bf16
+autocast and with bf16 weights, eager and compiled; the 870M job's two compiled H100 rows (single and
+fsdp, ../shared/gpu) are planned at 0.99 of their measured peaks.
+
+Where the strategy hands the blocks weights already in low precision (FSDP2's mixed-precision policy,
+DeepSpeed's bf16 engine: `casting`, from Layout.casting), the model is traced with its parameters in that
+dtype: no weight copies, and a residual stream in bf16.
 """
 from __future__ import annotations
 
@@ -76,8 +82,21 @@ class ActivationProfile:
         return int(total)
 
 
+ATTENTION = ("aten::_scaled_dot_product", "aten::_efficient_attention", "aten::_flash_attention")
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
+
+
+def _alive(table: dict, storage) -> bool:
+    ref = table.get(id(storage))
+    return ref is not None and ref() is storage
+
+
 class _LiveTensors(TorchDispatchMode):
-    """Every tensor an op creates, keyed by its storage, with who made it."""
+    """Every tensor an op creates, keyed by its storage, with who made it, and whether a compiled block
+    would keep it: what a matmul or attention makes or reads, the block's input (its first norm's backward
+    needs it, and nothing in the block can make it again), one cast where autocast casts a tensor once per
+    matmul reading it (inductor merges them), and the copy of attention's output laid out for the output
+    projection (a view in eager; inductor materialises it, and keeps both)."""
 
     def __init__(self, where, existing):
         super().__init__()
@@ -86,6 +105,18 @@ class _LiveTensors(TorchDispatchMode):
         self.known = {id(s) for s in existing}
         self.made: dict[int, tuple] = {}
         self.read_by_matmul: dict[int, weakref.ref] = {}
+        self.attention_made: dict[int, weakref.ref] = {}
+        self.casts: dict[tuple, tuple] = {}     # (source storage id, offset, shape, dtype) -> (source, first cast)
+        self.repeated_casts: dict[int, weakref.ref] = {}
+        self.layout_copies: list[tuple] = []            # (attention output's storage, bytes, where)
+        self.inputs: list[tuple] = []                   # (block input's storage, bytes, where)
+
+    def keep(self, t: torch.Tensor) -> None:
+        """A compiled block keeps `t`, its input, even where eager keeps only an upcast copy of it."""
+        storage = t.untyped_storage()
+        self.read_by_matmul[id(storage)] = weakref.ref(storage)
+        if id(storage) in self.made:
+            self.inputs.append((weakref.ref(storage), storage.nbytes(), self.made[id(storage)][2]))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -94,29 +125,51 @@ class _LiveTensors(TorchDispatchMode):
         if matmul:
             for t in args:
                 if isinstance(t, torch.Tensor):
-                    self.read_by_matmul[id(t.untyped_storage())] = weakref.ref(t.untyped_storage())
+                    storage = t.untyped_storage()
+                    self.read_by_matmul[id(storage)] = weakref.ref(storage)
+                    if func in MATMULS and _alive(self.attention_made, storage):
+                        where = self.made[id(storage)][2] if id(storage) in self.made else self.where()
+                        self.layout_copies.append((weakref.ref(storage), t.numel() * t.element_size(), where))
         is_copy = (func is torch.ops.aten._to_copy.default and source is not None
                    and id(source.untyped_storage()) in self.known)
-        for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(t, torch.Tensor):
-                storage = t.untyped_storage()
-                key = id(storage)
-                earlier = self.made.get(key)
-                # ids are reused once a storage dies: a dead entry under this id is another tensor's
-                if key not in self.known and (earlier is None or earlier[0]() is None):
-                    where = self.where()
-                    if is_copy:
-                        where = (*where[:2], COPIES)
-                    kept = is_copy or matmul
-                    self.made[key] = (weakref.ref(storage), storage.nbytes(), where, kept)
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        if func is torch.ops.aten._to_copy.default and source is not None and not is_copy and outs:
+            made = outs[0].untyped_storage()
+            cast = (id(source.untyped_storage()), source.storage_offset(), tuple(source.shape), outs[0].dtype)
+            of, first = self.casts.get(cast, (None, None))
+            # ids are reused: the earlier cast must be alive and of this very source
+            if of is not None and of() is source.untyped_storage() and first() is not None:
+                self.repeated_casts[id(made)] = weakref.ref(made)
+            else:
+                self.casts[cast] = (weakref.ref(source.untyped_storage()), weakref.ref(made))
+        for t in outs:
+            storage = t.untyped_storage()
+            key = id(storage)
+            if func.name().startswith(ATTENTION):
+                self.attention_made[key] = weakref.ref(storage)
+            earlier = self.made.get(key)
+            # ids are reused once a storage dies: a dead entry under this id is another tensor's
+            if key not in self.known and (earlier is None or earlier[0]() is None):
+                where = self.where()
+                if is_copy:
+                    where = (*where[:2], COPIES)
+                kept = is_copy or matmul
+                self.made[key] = (weakref.ref(storage), storage.nbytes(), where, kept)
         return out
 
     def alive(self):
+        """(bytes, where, kept in eager, kept by a compiled block) of every tensor still alive."""
         for key, (ref, nbytes, where, kept) in self.made.items():
             storage = ref()
             if storage is not None:
-                read = self.read_by_matmul.get(key)
-                yield nbytes, where, kept or (read is not None and read() is storage)
+                compiled = (kept or _alive(self.read_by_matmul, storage)) and not _alive(self.repeated_casts, storage)
+                yield nbytes, where, True, compiled
+        for ref, nbytes, where in self.layout_copies:
+            if ref() is not None:
+                yield nbytes, where, False, True
+        for ref, nbytes, where in self.inputs:
+            if ref() is None:           # alive, it was counted above
+                yield nbytes, where, False, True
 
 
 def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
@@ -204,8 +257,10 @@ def _measure(key, cfg) -> ActivationProfile:
                 return ("block", order[block], kind)
             return ("tail" if seen_last_block[0] else "head", None, _kind_of(module, style, False))
 
-        def pre(mod, _args):
+        def pre(mod, args):
             stack.append(names[id(mod)])
+            if stack[-1] in block_names and args and isinstance(args[0], torch.Tensor):
+                tracker.keep(args[0])
 
         def post(mod, _args, _out):
             name = stack.pop()
@@ -227,11 +282,12 @@ def _measure(key, cfg) -> ActivationProfile:
         per_block = [dict() for _ in blocks]
         compiled_blocks = [dict() for _ in blocks]
         largest = 0
-        for nbytes, (region, index, kind), kept in tracker.alive():
-            if region == "block" and index == 0 and kind != COPIES:
+        for nbytes, (region, index, kind), eager, kept in tracker.alive():
+            if region == "block" and index == 0 and kind != COPIES and eager:
                 largest = max(largest, nbytes)
             bucket = per_block[index] if region == "block" else (head if region == "head" else tail)
-            bucket[kind] = bucket.get(kind, 0) + nbytes
+            if eager:
+                bucket[kind] = bucket.get(kind, 0) + nbytes
             if region == "block" and kept:
                 compiled_blocks[index][kind] = compiled_blocks[index].get(kind, 0) + nbytes
         del loss

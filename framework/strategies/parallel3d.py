@@ -83,7 +83,9 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
 
     @classmethod
     def casts_weights(cls, cfg, world_size: int) -> bool:
-        return cls.shards_units(cls.mesh_dims(cfg, world_size))
+        # Experts sharded by parallel.ep stay out of FSDP2, in fp32 under autocast: planned as all weights
+        # autocast (the few others' copies counted too, a small over-estimate)
+        return cls.shards_units(cls.mesh_dims(cfg, world_size)) and cfg.parallel.get("ep", 1) == 1
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
