@@ -290,3 +290,19 @@ def test_a_cpu_tensor_parallel_plan_adds_what_dtensor_costs_the_rank():
     assert not dist.is_initialized()
     extra = tp2.layout.accumulation * overhead
     assert tp2.time_s["compute"] - ddp.time_s["compute"] == pytest.approx(extra, rel=1e-6)
+
+
+def test_recomputing_every_other_matmul_is_planned_between_keeping_all_and_full_recompute():
+    from framework.plan.hardware import device_named
+    from framework.plan.planner import make_plan
+    # a GPU's step comes from the traced operators (the recompute's matmuls among them), a CPU's from FLOPs
+    for device, precision in ((device_named("h100"), "bf16"), (device_named("cpu"), "bf16")):
+        plans = [make_plan(config("model=tiny", "data.seq_len=64", f"precision={precision}", *ac), 1, device, 1)
+                 for ac in (["activation_checkpointing=selective", "activation_checkpointing.mode=op"],
+                            ["activation_checkpointing=selective", "activation_checkpointing.mode=op",
+                             "activation_checkpointing.save_every_nth_matmul=2"],
+                            ["activation_checkpointing=full"])]
+        times = [p.time_s["compute"] for p in plans]
+        held = [p.per_rank_bytes["activations"] for p in plans]
+        assert times[0] < times[1] < times[2], (device.name, times)
+        assert held[0] > held[1] > held[2], (device.name, held)

@@ -242,8 +242,11 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     spec = spec_for(cfg.model)
     tokens_per_step = cfg.trainer.global_batch_size * layout.seq_len
     flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
-    # op keeps every matmul and attention output: what it recomputes (norms, activations) has no FLOPs to speak of
-    recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every))}.get(layout.ac, 1.0)
+    # op keeps matmul and attention outputs, all or every nth (save_every_nth_matmul): what it recomputes
+    # besides the other matmuls (norms, activations) has no FLOPs to speak of
+    kept_matmuls = 1 / max(1, cfg.activation_checkpointing.get("save_every_nth_matmul", 1))
+    recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every)),
+                 "op": 1 + (1 - kept_matmuls) / 3}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)
     timed = None
     if not device.cores:        # a GPU: the job's own operators, timed by class
