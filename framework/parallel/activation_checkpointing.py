@@ -107,10 +107,9 @@ def apply_activation_checkpointing(model: nn.Module, ac_cfg, block_classes: Iter
     if ac_cfg.mode not in MODES:
         raise ValueError(f"unknown activation checkpointing mode {ac_cfg.mode!r}; use {', '.join(MODES)}")
     names = selected_blocks(model, ac_cfg, block_classes)
-    every = ac_cfg.get("save_every_nth_matmul", 1)
     policy = None
     if ac_cfg.mode == "op" or (ac_cfg.mode == "layer" and ac_cfg.save_matmuls):
-        policy = functools.partial(_keep_matmuls, every, ac_cfg.mode == "op")
+        policy = functools.partial(_keep_matmuls, ac_cfg.save_every_nth_matmul, ac_cfg.mode == "op")
     for name in names:
         block = model.get_submodule(name)
         block.forward = _checkpointed_forward(block.forward, policy)

@@ -44,6 +44,7 @@ from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
 from framework.plan import attention_kernel, few_blocks
+from framework.plan.cache_key import config_key
 from framework.plan.layout import Casting
 from framework.precision import compute_dtype
 
@@ -210,7 +211,7 @@ def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = atte
     cp > 1: seq_len is a cp rank's share, and its positions are held (framework.models.positions) as the
     job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table.
     casting: whether the job's wrapper casts the weights and whether it autocasts (Layout.casting)."""
-    key = (OmegaConf.to_yaml(cfg.model), OmegaConf.to_yaml(cfg.activation_checkpointing),
+    key = (config_key(cfg.model), config_key(cfg.activation_checkpointing),
            cfg.precision.name, cfg.precision.param_dtype, Casting(*casting), kernel, micro_batch, seq_len, cp)
     return _measure(key, cfg)
 

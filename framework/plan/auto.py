@@ -6,6 +6,7 @@ Each strategy says which layouts to try (Strategy.auto_layouts) and where it sta
 (Strategy.machinery); this module adds activation checkpointing and micro-batch sizes and ranks them."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -91,9 +92,15 @@ def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Ca
 
 def apply(cfg, cand: Candidate) -> DictConfig:
     """A copy of cfg with the candidate's layout (parallel.* from the strategy's own schema)."""
-    cls = strategy_class(cand.strategy)
-    trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    parallel = OmegaConf.to_container(OmegaConf.structured(cls.options), resolve=True)
+    return _with_layout(_resolved(cfg), cand)
+
+
+def _resolved(cfg) -> DictConfig:
+    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+
+def _with_layout(trial: DictConfig, cand: Candidate) -> DictConfig:
+    parallel = OmegaConf.to_container(OmegaConf.structured(strategy_class(cand.strategy).options), resolve=True)
     parallel.update(dict(cand.parallel))
     parallel["name"] = cand.strategy      # a strategy on the base schema (single) leaves it MISSING
     trial.parallel = parallel
@@ -115,8 +122,9 @@ def _checked(trial, world: int) -> bool:
 def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[Candidate, Plan]]:
     """Every candidate that validates and fits, fastest first (stable: enumeration order breaks ties)."""
     ranked = []
+    resolved = _resolved(cfg)       # copied per candidate: a copy is cheaper than building the config again
     for cand in candidates(cfg, world, per_node, list(cfg.parallel.strategies)):
-        trial = apply(cfg, cand)
+        trial = _with_layout(copy.deepcopy(resolved), cand)
         if not _checked(trial, world):
             continue
         plan = make_plan(trial, world, device, per_node)

@@ -21,7 +21,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from omegaconf import OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -30,6 +29,7 @@ from framework.models.spec import spec_for
 from framework.parallel.blocks import find_blocks
 from framework.plan import attention_kernel, few_blocks
 from framework.plan.activations import job_autocast, job_model
+from framework.plan.cache_key import config_key
 
 MATMULS = ("mm", "addmm", "bmm", "_grouped_mm", "baddbmm")
 ATTENTION = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
@@ -173,7 +173,7 @@ def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.F
     already cast (FSDP2's policy, DeepSpeed's bf16 engine), its own casts - of each shard as it is gathered,
     of the gradients back to fp32 - take the place of autocast's, as the H100 rows show (the 870M job ran
     0.312 s a step under fsdp on one GPU, 0.307 s under single)."""
-    key = (OmegaConf.to_yaml(cfg.model, resolve=True), OmegaConf.to_yaml(cfg.activation_checkpointing, resolve=True),
+    key = (config_key(cfg.model), config_key(cfg.activation_checkpointing),
            cfg.precision.name, int(cfg.data.vocab_size), kernel, micro_batch, seq_len)
     if key not in _CACHE:
         _CACHE[key] = _trace_few_blocks(cfg, micro_batch, seq_len, kernel)

@@ -244,7 +244,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     flops_per_token = spec.flops_per_token(cfg.model, layout.seq_len)
     # op keeps matmul and attention outputs, all or every nth (save_every_nth_matmul): what it recomputes
     # besides the other matmuls (norms, activations) has no FLOPs to speak of
-    kept_matmuls = 1 / max(1, cfg.activation_checkpointing.get("save_every_nth_matmul", 1))
+    kept_matmuls = 1 / cfg.activation_checkpointing.save_every_nth_matmul
     recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every)),
                  "op": 1 + (1 - kept_matmuls) / 3}.get(layout.ac, 1.0)
     peak = _peak(device, layout.precision)

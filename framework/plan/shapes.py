@@ -8,13 +8,13 @@ import math
 from dataclasses import dataclass
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from framework.models.spec import spec_for
 from framework.parallel.expert_parallel import expert_layers
 from framework.parallel.pipeline import stage_ids
+from framework.plan.cache_key import config_key
 from framework.plan.layout import Layout
 
 
@@ -67,7 +67,7 @@ _SHAPES: dict[tuple, list] = {}
 
 
 def _meta_model(cfg) -> nn.Module:
-    key = OmegaConf.to_yaml(cfg.model)
+    key = config_key(cfg.model)
     if key not in _META:
         with torch.device("meta"):
             _META[key] = spec_for(cfg.model).build(cfg.model)
@@ -85,7 +85,7 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
         return [model]
     stages = layout.pp * layout.virtual_stages
     ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
-    key = OmegaConf.to_yaml(cfg.model)
+    key = config_key(cfg.model)
     for i in ids:
         if (key, i, stages) not in _STAGES:
             _STAGES[key, i, stages] = spec_for(cfg.model).pipeline_stage(model, i, stages)
@@ -94,7 +94,7 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
 
 def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
-    key = (OmegaConf.to_yaml(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
+    key = (config_key(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
            layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank,
            layout.cp, layout.ep)
     if key not in _SHAPES:
