@@ -79,7 +79,7 @@ class Units(TorchStrategy):
 
     @classmethod
     def keeps_gathered(cls, stage):
-        return stage == 2
+        return stage != 3
 
     @classmethod
     def mesh_dims(cls, cfg, world_size):

@@ -50,9 +50,10 @@ from framework.precision import compute_dtype
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
 COPIES = "copies"       # autocast's casts of the weights: split by tp like the weights, not by micro-batch
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+ATTENTION = ("aten::_scaled_dot_product", "aten::_efficient_attention", "aten::_flash_attention")
 # matmul and attention ops: a compiled block keeps what they read, and what they make where eager keeps it
-SAVED_BY_COMPILE = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_dot_product", "aten::_efficient_attention",
-                    "aten::_flash_attention", "aten::embedding")
+SAVED_BY_COMPILE = (*MATMULS, *ATTENTION, "aten::embedding")
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,6 @@ class ActivationProfile:
         if last:
             total += divided(self.tail)
         return int(total)
-
-
-ATTENTION = ("aten::_scaled_dot_product", "aten::_efficient_attention", "aten::_flash_attention")
-MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default)
 
 
 def _alive(table: dict, storage) -> bool:
@@ -128,7 +125,7 @@ class _LiveTensors(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     storage = t.untyped_storage()
                     self.read_by_matmul[id(storage)] = weakref.ref(storage)
-                    if func in MATMULS and _alive(self.attention_made, storage):
+                    if func.name() in MATMULS and _alive(self.attention_made, storage):
                         where = self.made[id(storage)][2] if id(storage) in self.made else self.where()
                         self.layout_copies.append((weakref.ref(storage), t.numel() * t.element_size(), where))
         is_copy = (func is torch.ops.aten._to_copy.default and source is not None
@@ -169,7 +166,7 @@ class _LiveTensors(TorchDispatchMode):
             if ref() is not None:
                 yield nbytes, where, False, True
         for ref, nbytes, where in self.inputs:
-            if ref() is None:           # alive, it was counted above
+            if ref() is None:           # freed in eager (still alive, it was counted above)
                 yield nbytes, where, False, True
 
 

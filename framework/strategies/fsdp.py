@@ -41,7 +41,7 @@ class UnitSharded:
 
     @classmethod
     def keeps_gathered(cls, stage: int) -> bool:
-        return stage == 2           # reshard_after_forward=False
+        return stage != 3           # FSDP2's reshard_after_forward=False (ShardingPlan reads this)
 
     @classmethod
     def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
@@ -111,7 +111,7 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
         cfg = self.cfg
         self.dims = ParallelDims.from_config(cfg.parallel, self.world_size)
         self.mesh = self.dims.build_mesh(self.device.type)
-        sharding = ShardingPlan(enabled=True, reshard_after_forward=cfg.zero.stage == 3,
+        sharding = ShardingPlan(enabled=True, reshard_after_forward=not self.keeps_gathered(cfg.zero.stage),
                                 mp_policy=mixed_precision_policy(cfg.precision), offload=cfg.zero.offload_params,
                                 wrap_classes=cfg.parallel.wrap_classes)
         self.model, = parallelize(model_factory, self.mesh, cfg, self.device, sharding)

@@ -241,7 +241,8 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         from framework.parallel.fsdp import mixed_precision_policy
         from framework.parallel.parallelize import ShardingPlan
         cfg = self.cfg
-        return ShardingPlan(enabled=self.shards_units(mesh_dims), reshard_after_forward=cfg.zero.stage == 3,
+        return ShardingPlan(enabled=self.shards_units(mesh_dims),
+                            reshard_after_forward=not self.keeps_gathered(cfg.zero.stage),
                             mp_policy=mixed_precision_policy(cfg.precision), wrap_classes=cfg.parallel.wrap_classes)
 
     def clip_grad_norm(self, max_grad_norm: float) -> torch.Tensor:
