@@ -2,6 +2,7 @@
 activation trace (activations.py): the short cuts they take give what the long way gives. Fake tensors
 only: no process, no arithmetic."""
 import pytest
+import torch
 
 from framework.plan import activations, attention_kernel, few_blocks, gpu_time, op_costs
 from framework.plan.layout import Casting
@@ -60,6 +61,19 @@ def test_a_compiled_block_moves_less_than_an_eager_one_and_the_same_matmuls():
     costs = op_costs.traced(config(*LLAMA), 1, 256)
     assert costs.fused_bytes["block"] < 0.5 * costs.memory_bytes["block"]
     assert costs.fused_kernels["block"] < costs.kernels["block"]
+
+
+def test_a_fused_output_that_matmuls_read_is_written_once_and_its_intermediates_never():
+    # relu(x * 2) fused: x is read, x * 2 stays in the fusion, and the result is written once for the two
+    # matmuls that read it (their own reads are the matmuls' cost)
+    costs = op_costs.OpCosts()
+    x, w = torch.randn(64, 32), torch.randn(32, 16)
+    with op_costs._Recorder(costs, in_block=lambda: True, phase=lambda: ("forward", 1)):
+        y = (x * 2).relu()
+        y @ w
+        y.t() @ y
+    assert costs.fused_bytes["block"] == x.nbytes + y.nbytes
+    assert costs.memory_bytes["block"] == 2 * x.nbytes + 2 * y.nbytes
 
 
 def test_fp32_grouped_query_attention_plans_the_math_kernel_on_a_gpu():

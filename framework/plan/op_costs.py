@@ -10,8 +10,11 @@ Two byte counts are kept for the rest. `memory_bytes` is what eager moves: every
 inputs and writes its output. `fused_bytes` is what a compiled block moves: inside a block, pointwise
 and reduction operators fuse, so a tensor one of them makes and another of them reads in the same pass
 (forward or backward) never reaches memory; it is written once when something outside the fusion (a
-matmul, attention, the other pass) reads it. Operators outside the blocks (embedding, head, loss) are
-not compiled (trainer.compile compiles blocks) and count as eager in both.
+matmul, attention, the other pass) reads it. That is the least a fusing compiler can move: inductor's own
+count of what its kernels read and write is 0.95-1.35x of it on a CPU (benchmarks/compiled_block_traffic.py),
+where it splits reductions along other axes, materialises a cat and copies attention's inputs into the
+layout the CPU kernel wants. Operators outside the blocks (embedding, head, loss) are not compiled
+(trainer.compile compiles blocks) and count as eager in both.
 
 Blocks are told apart from the head and tail by module hooks (forward) and module backward hooks.
 """
@@ -30,6 +33,7 @@ from framework.parallel.blocks import find_blocks
 from framework.plan import attention_kernel, few_blocks
 from framework.plan.activations import job_autocast, job_model
 from framework.plan.cache_key import config_key
+from framework.plan.layout import Casting
 
 MATMULS = ("mm", "addmm", "bmm", "_grouped_mm", "baddbmm")
 ATTENTION = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
@@ -101,6 +105,13 @@ class _Recorder(TorchDispatchMode):
             return nbytes + _nbytes(t)      # written out once, then read
         return _nbytes(t)
 
+    def _written_for(self, part: str, ins) -> None:
+        """A matmul or attention reads its inputs itself (its own cost); a fused producer's output that it
+        reads is written out first, once."""
+        written = sum(self._read(t, False) - _nbytes(t) for t in ins)
+        if part == "block":
+            self.costs.add("fused_bytes", part, written)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.__name__.split(".")[0]
@@ -123,13 +134,11 @@ class _Recorder(TorchDispatchMode):
             # a batched matmul counts its batch; a grouped one, (tokens, k) x (experts, k, n), each token once
             batch = 1 if name == "_grouped_mm" else a.numel() // (m * k)
             c.add("matmuls", part, batch, (m, n, k, a.element_size()))
-            for t in ins:
-                self._read(t, False)         # a fused producer's output is written before the matmul
+            self._written_for(part, ins)
             return out
         if name.startswith(ATTENTION):
             c.add("attention_flops", part, _attention_flops(name, args))
-            for t in ins:
-                self._read(t, False)
+            self._written_for(part, ins)
             return out
         c.add("memory_bytes", part, moved)
         if part == "block":
@@ -165,28 +174,30 @@ def traced_per_sequence(cfg, seq_len: int, kernel: str = attention_kernel.FUSED)
     return Traced(cfg, seq_len, kernel)
 
 
-def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED) -> OpCosts:
+def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED,
+           casting: Casting = Casting()) -> OpCosts:
     """The operators of one micro-batch of `micro_batch` sequences of `seq_len` tokens, attention on
     `kernel` (cached).
 
     Traced under autocast from fp32 weights whatever the strategy: where a wrapper hands the blocks weights
     already cast (FSDP2's policy, DeepSpeed's bf16 engine), its own casts - of each shard as it is gathered,
     of the gradients back to fp32 - take the place of autocast's, as the H100 rows show (the 870M job ran
-    0.312 s a step under fsdp on one GPU, 0.307 s under single)."""
+    0.312 s a step under fsdp on one GPU, 0.307 s under single). `casting` traces another dtype (the
+    compiled-traffic benchmark compares both with inductor's own count)."""
     key = (config_key(cfg.model), config_key(cfg.activation_checkpointing),
-           cfg.precision.name, int(cfg.data.vocab_size), kernel, micro_batch, seq_len)
+           cfg.precision.name, int(cfg.data.vocab_size), kernel, micro_batch, seq_len, casting)
     if key not in _CACHE:
-        _CACHE[key] = _trace_few_blocks(cfg, micro_batch, seq_len, kernel)
+        _CACHE[key] = _trace_few_blocks(cfg, micro_batch, seq_len, kernel, casting)
     return _CACHE[key]
 
 
-def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
+def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
     """The model traced with two and with three periods of blocks (framework/plan/few_blocks.py) gives the
     first and last blocks' cost and each further period's."""
     shorter = [few_blocks.shortened(cfg, n) for n in (2, 3)]
     if None in shorter:
-        return _trace(cfg, micro_batch, seq_len, kernel)
-    two, three = (_trace(c, micro_batch, seq_len, kernel) for c in shorter)
+        return _trace(cfg, micro_batch, seq_len, kernel, casting)
+    two, three = (_trace(c, micro_batch, seq_len, kernel, casting) for c in shorter)
     more = few_blocks.periods(cfg) - 2
     for table in ("attention_flops", "memory_bytes", "fused_bytes", "kernels", "fused_kernels"):
         store, extra = getattr(two, table), getattr(three, table)
@@ -197,7 +208,7 @@ def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCos
     return two
 
 
-def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
+def _trace(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
     from torch._subclasses.fake_tensor import FakeTensorMode
     spec = spec_for(cfg.model)
     costs = OpCosts()
@@ -212,7 +223,7 @@ def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
         depth[0] -= 1
         phase[1] += 1
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = job_model(cfg, spec)
+        model = job_model(cfg, spec, casting)
         handles = []
         for _, block in find_blocks(model, spec.block_classes(model)):
             handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave),
@@ -220,7 +231,7 @@ def _trace(cfg, micro_batch: int, seq_len: int, kernel: str) -> OpCosts:
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
         recorder = _Recorder(costs, lambda: depth[0] > 0, lambda: tuple(phase))
         with recorder, attention_kernel.tracing(kernel):
-            with job_autocast(cfg.precision.name):
+            with job_autocast(cfg.precision.name, casting):
                 loss = cross_entropy(model(tokens), tokens)
             phase[0] = "backward"
             depth[0] = 0
