@@ -8,7 +8,7 @@ from framework.plan import activations, attention_kernel, few_blocks, gpu_time, 
 from framework.plan.layout import Casting
 from tests.test_plan import config
 
-H100 = dict(peak=989e12, attention_peak=989e12, hbm=3.35e12)
+H100 = dict(peak=989e12, attention_peak=989e12, hbm=3.35e12, seq_len=256)
 LLAMA = ("model=llama_125m", "model.dim=128", "model.n_layers=8", "model.n_heads=4", "model.n_kv_heads=2",
          "model.vocab_size=512", "data=synthetic", "data.vocab_size=512", "data.seq_len=256", "precision=bf16")
 

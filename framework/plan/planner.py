@@ -203,8 +203,9 @@ def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: i
     matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
     compiled = bool(cfg.trainer.get("compile"))
     mb = layout.micro_batch
-    block = gpu_time.part_time(costs, "block", mb, matmul_peak, peak, device.hbm_bw, compiled).total
-    rest = gpu_time.part_time(costs, "rest", mb, peak, peak, device.hbm_bw, False).total
+    seq = layout.local_seq_len          # what each attention kernel runs on
+    block = gpu_time.part_time(costs, "block", mb, matmul_peak, peak, device.hbm_bw, compiled, seq).total
+    rest = gpu_time.part_time(costs, "rest", mb, peak, peak, device.hbm_bw, False, seq).total
     if layout.pp > 1:
         stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
         ends = (0 in stages) + (layout.pp * layout.virtual_stages - 1 in stages)
