@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from framework.metrics.mfu import matmul_dtype
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
 from framework.plan import activations, attention_kernel, gpu_time, op_costs
@@ -189,9 +190,10 @@ def peak_bytes(states: ModelStates, layout: Layout, transient: int, scratch: int
             "peak_at": "backward" if backward >= step else "optimizer step"}
 
 
-def _peak(device: Device, precision: str) -> float:
-    key = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "tf32" if device.name != "cpu" else "fp32")
-    return device.peak_flops.get(key) or device.peak_flops.get("fp32")
+def _peak(device: Device, precision_cfg) -> float:
+    """The dense peak of the dtype the step's FLOPs are counted in (metrics.mfu.matmul_dtype: float8's
+    attention and head run in bf16, its converted linears are planned at the device's fp8 peak)."""
+    return device.peak_flops.get(matmul_dtype(precision_cfg)) or device.peak_flops.get("fp32")
 
 
 def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: int) -> tuple[float, float]:
@@ -199,7 +201,7 @@ def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: i
     operators (plan/op_costs, plan/gpu_time). Blocks split over pipeline stages, tp and cp; the embedding,
     head and loss run where their stage is."""
     costs = op_costs.traced_per_sequence(cfg, layout.seq_len, attention_kernel.on_gpu(cfg))
-    peak = _peak(device, layout.precision)
+    peak = _peak(device, cfg.precision)
     matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
     compiled = bool(cfg.trainer.get("compile"))
     mb = layout.micro_batch
@@ -248,7 +250,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
     kept_matmuls = 1 / cfg.activation_checkpointing.save_every_nth_matmul
     recompute = {"full": 4 / 3, "layer": 1 + 1 / (3 * max(1, layout.ac_every)),
                  "op": 1 + (1 - kept_matmuls) / 3}.get(layout.ac, 1.0)
-    peak = _peak(device, layout.precision)
+    peak = _peak(device, cfg.precision)
     timed = None
     if not device.cores:        # a GPU: the job's own operators, timed by class
         compute_s, optimizer_s = _gpu_seconds(cfg, layout, device, per_rank, pp_rank)
