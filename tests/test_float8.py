@@ -92,3 +92,17 @@ def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_confi
     assert rowwise == bf16                                              # rowwise gathers bf16
     assert gathers >= 1 and converted_params > 0
     assert bf16 - float8 == gathers * converted_params                  # 2 bytes -> 1 for each converted weight
+
+
+def test_the_planners_operator_trace_has_float8s_scaling_and_casts_and_the_same_matmuls(compose_config):
+    # the GPU step time is timed from this trace: a float8 block moves more bytes eagerly (amax, scale and
+    # cast of each linear's input, weight and gradient) than a bf16 one; the head and loss are not converted
+    from framework.plan import op_costs
+    bf16 = compose_config(["model=small", "precision=bf16"])
+    float8 = compose_config(["model=small", *EMULATED])
+    seq = bf16.data.seq_len
+    plain, converted = op_costs.traced(bf16, 1, seq), op_costs.traced(float8, 1, seq)
+    assert converted.matmuls == plain.matmuls
+    assert converted.memory_bytes["block"] > 1.5 * plain.memory_bytes["block"]
+    assert converted.fused_bytes["block"] > plain.fused_bytes["block"]
+    assert converted.memory_bytes["rest"] == plain.memory_bytes["rest"]

@@ -208,6 +208,18 @@ def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str, casting:
     return two
 
 
+def _as_float8_on_a_gpu(model, cfg, spec) -> None:
+    """precision=float8: the blocks' linears as a GPU run converts them (torchao's Float8Linear, no
+    emulation), so their inputs', weights' and gradients' scaling and casts are traced; the matmuls show
+    as the float8 tensors' own mm, at the bf16 shapes the planner times at the device's fp8 peak."""
+    if cfg.precision.name != "float8":
+        return
+    from omegaconf import OmegaConf
+    from framework.parallel.float8 import convert_float8
+    on_gpu = OmegaConf.merge(cfg.precision, {"float8_emulate": False})
+    convert_float8(model, on_gpu, spec.block_classes(model), fsdp=False)
+
+
 def _trace(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
     from torch._subclasses.fake_tensor import FakeTensorMode
     spec = spec_for(cfg.model)
@@ -224,6 +236,7 @@ def _trace(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = 
         phase[1] += 1
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = job_model(cfg, spec, casting)
+        _as_float8_on_a_gpu(model, cfg, spec)
         handles = []
         for _, block in find_blocks(model, spec.block_classes(model)):
             handles += [block.register_forward_pre_hook(enter), block.register_forward_hook(leave),
