@@ -16,6 +16,8 @@ names, which must be exactly one log interval. Per job it prints:
   ratio     reported / trace; 0.97-1.03 is the mark
   tokens/s, MFU  medians of the records after the first two, the profiled interval left out
   memory    peak allocated / reserved GiB of those records (the highest)
+  planned   `python -m framework.plan` of the same job on this GPU (its model timed there, issue 32), its step
+            over the trace's, and its peak; --no-plan leaves it out
 With --rounds > 1 the jobs are interleaved round by round (the order alternates) and each column is the
 median over rounds; `spread` is the ratio's min-max. A job that fails (out of memory, a refusal) prints
 its last error line and the rest go on. On a machine with no GPU it says so and runs nothing
@@ -70,6 +72,17 @@ def run_job(args: list[str], first: int, last: int, timeout: float) -> dict:
             "allocated": max(r["memory_gb"] for r in steady), "reserved": max(r["memory_reserved_gb"] for r in steady)}
 
 
+def plan_job(args: list[str], timeout: float) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "framework.plan", "--json", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        return {"error": f"plan exit {proc.returncode}: {lines[-1] if lines else ''}"[:160]}
+    plan = json.loads(proc.stdout)
+    return {"step_s": plan["step_time_s"], "from": plan["step_time_from"],
+            "gib": plan["per_rank_bytes"]["total"] / 1024 ** 3}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=25)
@@ -81,6 +94,7 @@ def main() -> None:
     ap.add_argument("--batch-per-gpu", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=1200, help="seconds a job may take")
     ap.add_argument("--cpu", type=int, default=0, help="dry run on this many CPU processes")
+    ap.add_argument("--no-plan", action="store_true", help="leave out the planner's columns")
     ap.add_argument("overrides", nargs="*", help="replace the model (after --)")
     opts = ap.parse_args()
 
@@ -107,6 +121,7 @@ def main() -> None:
                 f"trainer.profile.steps=[{first},{last}]", "trainer.progress_bar=false", "logging.tensorboard=false",
                 "checkpoint.enabled=false", "planner.check=false"]
     results: dict[str, list[dict]] = {name: [] for name in jobs}
+    plans = {} if opts.no_plan else {name: plan_job(args, opts.timeout) for name, args in jobs.items()}
     for r in range(opts.rounds):
         for name in (list(jobs) if r % 2 == 0 else list(reversed(jobs))):
             results[name].append(run_job(jobs[name], first, last, opts.timeout))
@@ -118,7 +133,7 @@ def main() -> None:
           f"{opts.batch_per_gpu} sequences per GPU, log_every={opts.log_every}, trace of steps {first}-{last}, "
           f"rounds={opts.rounds}")
     print(f"{'job':<20}{'reported s':>11}{'trace s':>9}{'ratio':>7}{'spread':>13}{'tokens/s':>11}{'MFU':>7}"
-          f"{'alloc GiB':>10}{'resv GiB':>10}")
+          f"{'alloc GiB':>10}{'resv GiB':>10}" + ("" if opts.no_plan else f"  {'planned s':>9}{'/trace':>7}{'GiB':>6}  from"))
     for name, runs in results.items():
         ok = [run for run in runs if "error" not in run]
         if not ok:
@@ -128,7 +143,15 @@ def main() -> None:
         ratios = [run["ratio"] for run in ok]
         print(f"{name:<20}{med['reported']:>11.4f}{med['trace']:>9.4f}{med['ratio']:>7.3f}"
               f"{f'{min(ratios):.3f}-{max(ratios):.3f}':>13}{med['tokens_per_sec']:>11,.0f}{100 * med['mfu']:>6.1f}%"
-              f"{med['allocated']:>10.2f}{med['reserved']:>10.2f}")
+              f"{med['allocated']:>10.2f}{med['reserved']:>10.2f}" + _planned(plans.get(name), med['trace']))
+
+
+def _planned(plan: dict | None, trace_s: float) -> str:
+    if plan is None:
+        return ""
+    if "error" in plan:
+        return f"  {plan['error']}"
+    return f"  {plan['step_s']:>9.4f}{plan['step_s'] / trace_s:>7.3f}{plan['gib']:>6.1f}  {plan['from']}"
 
 
 if __name__ == "__main__":

@@ -55,6 +55,36 @@ def test_auto_starts_and_trains_with_a_gpu_detected(tmp_path):
     assert [r["step"] for r in read_metrics(run_dir) if "loss" in r][-1] == 2
 
 
+def test_planning_for_this_hosts_gpu_times_the_jobs_model_there_and_says_so(one_gpu, monkeypatch):
+    from framework.plan import device_timing
+    from framework.plan.check import refuse_if_it_cannot_fit
+    from framework.plan.device_timing import DeviceTiming
+    from framework.plan.layout import Casting
+    calls = []
+
+    def timed(cfg, micro_batch, seq_len, casting, device):
+        calls.append((micro_batch, seq_len, casting, device))
+        return DeviceTiming(block_s=0.5, rest_s=0.1, optimizer_s=0.2)
+    monkeypatch.setattr(device_timing, "timed_on_device", timed)
+    job = [*FAST, "precision=bf16", "trainer.global_batch_size=8", "trainer.micro_batch_size=2"]
+    plan, _ = plan_for([*job, "parallel=single"])
+    assert plan.step_time_from == "timed on this h100"
+    assert plan.time_s["compute"] == pytest.approx(4 * (0.5 + 0.1))       # 4 micro-batches of 2
+    assert plan.time_s["optimizer"] == pytest.approx(0.2, rel=1e-3)        # one rank holds every state
+    assert calls == [(2, 32, Casting(), "cuda")]
+    plan, _ = plan_for([*job, "parallel=fsdp", "zero=stage3"])
+    assert calls[-1][2] == Casting(weights=True, autocast=False)
+    assert plan.step_time_from == "timed on this h100 (optimizer step modelled)"       # fsdp steps fp32 shards
+    calls.clear()
+    assert plan_for([*job, "parallel=single", "planner.time_on_device=false"])[0].step_time_from == "modelled"
+    # a launch checks memory only, and leaves the GPU to the workers
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=[*job, "parallel=single"])
+    assert refuse_if_it_cannot_fit(cfg, 1, lambda c: None).step_time_from == "modelled"
+    assert calls == []
+
+
 # ---- the static model against what an H100 measured (no GPU needed) --------------------------------
 
 ROWS = {r["name"]: r for r in plan_gpu_rows.rows(plan_gpu_rows.DEFAULT)}

@@ -212,6 +212,7 @@ class PlannerConfig:
     nodes: int = 1
     gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else 8 for a GPU from the table
     check: bool = True                  # refuse (exit 2) a job the plan says cannot fit the device
+    time_on_device: bool = True         # python -m framework.plan on a GPU: time the job's blocks there
 
 
 @dataclass

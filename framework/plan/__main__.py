@@ -1,7 +1,8 @@
 """`python -m framework.plan [overrides] [--json]`: the plan of the job those overrides describe.
 
 The config is composed and validated exactly as `python -m framework` would (exit 2 with one line on
-a bad one); nothing is launched, no weight is allocated and no device is needed.
+a bad one); nothing is launched and no device is needed. Planned for this host's GPU, the job's model is
+timed on it (plan/device_timing.py; planner.time_on_device=false models it instead).
 """
 from __future__ import annotations
 
@@ -36,13 +37,13 @@ def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
     if cfg.parallel.name == "auto":
         from framework.plan.auto import choose_layout
         world, per_node = planned_world(cfg, world_size_for(cfg, None), device)
-        auto, _ = choose_layout(cfg, world, device, per_node)
+        auto, _ = choose_layout(cfg, world, device, per_node, time_on_device=True)
     strategy_cls = strategy_class(cfg.parallel.name)
     apply_dataset_manifests(cfg, model_vocab_given=any(o.startswith("model.vocab_size=") for o in overrides))
     if auto is None:
         world, per_node = planned_world(cfg, world_size_for(cfg, strategy_cls), device)
     validate(cfg, world, strategy_cls)
-    return make_plan(cfg, world, device, per_node), auto
+    return make_plan(cfg, world, device, per_node, time_on_device=True), auto
 
 
 def main(argv: list[str]) -> int:

@@ -119,15 +119,17 @@ def _checked(trial, world: int) -> bool:
     return True
 
 
-def rank_layouts(cfg, world: int, device: Device, per_node: int) -> list[tuple[Candidate, Plan]]:
-    """Every candidate that validates and fits, fastest first (stable: enumeration order breaks ties)."""
+def rank_layouts(cfg, world: int, device: Device, per_node: int,
+                 time_on_device: bool = False) -> list[tuple[Candidate, Plan]]:
+    """Every candidate that validates and fits, fastest first (stable: enumeration order breaks ties).
+    `time_on_device`: as make_plan's (each distinct micro-batch, checkpointing and dtype is timed once)."""
     ranked = []
     resolved = _resolved(cfg)       # copied per candidate: a copy is cheaper than building the config again
     for cand in candidates(cfg, world, per_node, list(cfg.parallel.strategies)):
         trial = _with_layout(copy.deepcopy(resolved), cand)
         if not _checked(trial, world):
             continue
-        plan = make_plan(trial, world, device, per_node)
+        plan = make_plan(trial, world, device, per_node, time_on_device)
         if plan.fits:
             ranked.append((cand, plan))
     if not ranked:
@@ -179,9 +181,10 @@ def report(ranked: list[tuple[Candidate, Plan]], top: int) -> str:
     return "\n".join(lines)
 
 
-def choose_layout(cfg, world: int, device: Device, per_node: int) -> tuple[str, list]:
+def choose_layout(cfg, world: int, device: Device, per_node: int,
+                  time_on_device: bool = False) -> tuple[str, list]:
     """Rewrite cfg (in place) to the fastest layout that fits; return the report and the ranking."""
-    ranked = rank_layouts(cfg, world, device, per_node)
+    ranked = rank_layouts(cfg, world, device, per_node, time_on_device)
     top = cfg.parallel.top
     best = ranked[0][0]
     with open_dict(cfg):

@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 from framework.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
+from framework.plan.device_timing import WARMUPS, median, time_steps
 
 MAX_TIMED_S = 1.0      # the longest micro-batch (at the fixed share's estimate) that is timed
 BUDGET_S = 3.0         # for all rounds of one micro-batch size and thread count
 REPEATS = 8
-WARMUPS = 2            # the allocator and the kernels' first calls
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,6 @@ def measured_timing(cfg, micro_batch: int, seq_len: int, threads: int, flops_per
     return CpuTiming(flops / (micro_s * peak), optimizer_s)
 
 
-def _median(times: list[float]) -> float:
-    return sorted(times)[len(times) // 2]
-
-
 @lru_cache(maxsize=32)
 def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch: int, seq_len: int,
              threads: int, repeats: int) -> tuple[float, float] | None:
@@ -65,17 +61,7 @@ def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch:
             model = spec.build(model_cfg)
         optimizer = OptimizerFactory(OmegaConf.create(optimizer_yaml))(model.parameters())
         tokens = torch.randint(0, vocab, (micro_batch, seq_len + 1))
-        micro, step = [], []
-        for _ in range(WARMUPS + repeats):
-            start = time.perf_counter()
-            cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
-            middle = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            micro.append(middle - start)
-            step.append(time.perf_counter() - middle)
-        return _median(micro[WARMUPS:]), _median(step[WARMUPS:])
+        return time_steps(model, optimizer, tokens, repeats)
     except Exception:       # a model that cannot run on this CPU: the planner keeps its fixed share
         return None
     finally:
@@ -119,7 +105,7 @@ def _tensor_parallel_overhead_s(model_yaml: str, data_vocab: int, seq_len: int, 
             start = time.perf_counter()
             cross_entropy(model(tokens[:, :-1]), tokens[:, 1:]).backward()
             times.append(time.perf_counter() - start)
-        return _median(times[WARMUPS:])
+        return median(times[WARMUPS:])
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)

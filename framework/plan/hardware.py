@@ -38,6 +38,7 @@ class Device:
     collective_latency_s: float = 30e-6   # fixed cost of one collective (NCCL small-message latency)
     host_bw: float = 100 * GB    # host memory, where an offloaded optimizer steps
     cores: int = 0               # CPU: the cores workers share (0: every worker has its own device)
+    torch_device: str = ""       # where this host can run the job to time it ("cuda": the detected GPU)
 
     def worker_peak(self, dtype_peak: float, world: int) -> float:
         """FLOP/s one of `world` workers gets: the whole device, or its share of the CPU's cores."""
@@ -123,7 +124,7 @@ def detected_device() -> Device | None:
     if guessed:
         log.warning("planner: %s is planned with a guess for its %s (planner.device=<one of %s> plans for a "
                     "device the planner knows)", name, ", ".join(guessed), ", ".join(_GPUS))
-    return Device(key, memory, dict(peaks), row[2], row[3], row[4], row[5])
+    return Device(key, memory, dict(peaks), row[2], row[3], row[4], row[5], torch_device="cuda")
 
 
 @lru_cache(maxsize=1)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from framework.metrics.mfu import matmul_dtype
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
-from framework.plan import activations, attention_kernel, gpu_time, op_costs
+from framework.plan import activations, attention_kernel, device_timing, gpu_time, op_costs
 from framework.plan.comm import block_of, collective_calls, comm_bytes, tp_linears
 from framework.plan.experts import all_to_all_bytes, expert_summary
 from framework.plan.cpu_calibration import measured_timing, tensor_parallel_overhead_s
@@ -39,6 +39,7 @@ class Plan:
     fits: bool
     time_s: dict            # compute (bubble and recompute included) and exposed tp / pp / dp communication
     experts: dict = field(default_factory=dict)   # MoE: total / active parameters, expert weights per rank
+    step_time_from: str = "modelled"    # or where the job's own model was timed
 
     @property
     def over_by(self) -> float:
@@ -196,31 +197,54 @@ def _peak(device: Device, precision_cfg) -> float:
     return device.peak_flops.get(matmul_dtype(precision_cfg)) or device.peak_flops.get("fp32")
 
 
-def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: int) -> tuple[float, float]:
-    """(forward + backward of the rank's micro-batches, its optimizer step) on a GPU, from the job's own
-    operators (plan/op_costs, plan/gpu_time). Blocks split over pipeline stages, tp and cp; the embedding,
-    head and loss run where their stage is."""
-    costs = op_costs.traced_per_sequence(cfg, layout.seq_len, attention_kernel.on_gpu(cfg))
-    peak = _peak(device, cfg.precision)
-    matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
-    compiled = bool(cfg.trainer.get("compile"))
+def _optimizer_share(cfg, per_rank: dict) -> float:
+    """The rank's share of the whole model's optimizer work (its states, sharded by zero / fsdp / tp / pp)."""
+    kind = OptimizerKind.of(cfg.optimizer)
+    return per_rank["optimizer"] / kind.bytes_for(spec_for(cfg.model).num_params(cfg.model)) if kind.moments else 1.0
+
+
+def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: int,
+                 time_on_device: bool) -> tuple[float, float, str]:
+    """(forward + backward of the rank's micro-batches, its optimizer step, where that came from) on a GPU:
+    timed on it where it is this host's (plan/device_timing.py), else from the job's own operators
+    (plan/op_costs, plan/gpu_time). Blocks split over pipeline stages, tp and cp; the embedding, head and
+    loss run where their stage is."""
     mb = layout.micro_batch
-    seq = layout.local_seq_len          # what each attention kernel runs on
-    block = gpu_time.part_time(costs, "block", mb, matmul_peak, peak, device.hbm_bw, compiled, seq).total
-    rest = gpu_time.part_time(costs, "rest", mb, peak, peak, device.hbm_bw, False, seq).total
+    timing = None
+    if time_on_device and device.torch_device and cfg.planner.time_on_device:
+        timing = device_timing.timed_on_device(cfg, mb, layout.seq_len, layout.casting, device.torch_device)
+    modelled_step = gpu_time.optimizer_step_s(per_rank["params"], per_rank["grads"], per_rank["optimizer"],
+                                              per_rank["master"], device.hbm_bw)
+    if timing is not None:
+        block, rest = timing.block_s, timing.rest_s
+        source = f"timed on this {device.name}"
+        if layout.casting.weights:      # the timed model steps bf16 weights, the job its fp32 shards
+            optimizer_s = modelled_step
+            source += " (optimizer step modelled)"
+        else:
+            optimizer_s = timing.optimizer_s * _optimizer_share(cfg, per_rank)
+    else:
+        costs = op_costs.traced_per_sequence(cfg, layout.seq_len, attention_kernel.on_gpu(cfg))
+        peak = _peak(device, cfg.precision)
+        matmul_peak = device.fp8_flops if layout.precision == "float8" and device.fp8_flops else peak
+        compiled = bool(cfg.trainer.get("compile"))
+        seq = layout.local_seq_len          # what each attention kernel runs on
+        block = gpu_time.part_time(costs, "block", mb, matmul_peak, peak, device.hbm_bw, compiled, seq).total
+        rest = gpu_time.part_time(costs, "rest", mb, peak, peak, device.hbm_bw, False, seq).total
+        optimizer_s, source = modelled_step, "modelled"
     if layout.pp > 1:
         stages = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
         ends = (0 in stages) + (layout.pp * layout.virtual_stages - 1 in stages)
         rest *= ends / 2            # embedding on the first stage, head and loss on the last (most of it)
         block /= layout.pp
     per_micro = (block + rest) / (layout.tp * layout.cp)
-    optimizer_s = gpu_time.optimizer_step_s(per_rank["params"], per_rank["grads"], per_rank["optimizer"],
-                                            per_rank["master"], device.hbm_bw)
-    return layout.accumulation * per_micro, optimizer_s
+    return layout.accumulation * per_micro, optimizer_s, source
 
 
-def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
-    """The plan of the most loaded rank of a validated config on `world_size` processes."""
+def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int, time_on_device: bool = False) -> Plan:
+    """The plan of the most loaded rank of a validated config on `world_size` processes. `time_on_device`:
+    where `device` is this host's GPU, time the job's model on it (python -m framework.plan; a launch does
+    not, as its check needs memory only and the GPU is the workers')."""
     layout = layout_of(cfg, world_size)
     hidden, vocab, n_layers = _model_dims(cfg)
     kernel = attention_kernel.FUSED if device.cores else attention_kernel.on_gpu(cfg)
@@ -252,8 +276,11 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
                  "op": 1 + (1 - kept_matmuls) / 3}.get(layout.ac, 1.0)
     peak = _peak(device, cfg.precision)
     timed = None
-    if not device.cores:        # a GPU: the job's own operators, timed by class
-        compute_s, optimizer_s = _gpu_seconds(cfg, layout, device, per_rank, pp_rank)
+    step_time_from = "modelled"
+    if not device.cores:        # a GPU: the job timed on it, or its own operators timed by class
+        fits = per_rank["total"] <= device.memory_bytes      # a job that cannot run is not timed
+        compute_s, optimizer_s, step_time_from = _gpu_seconds(cfg, layout, device, per_rank, pp_rank,
+                                                              time_on_device and fits)
     else:
         if layout.precision == "fp32":
             # Timed on every core: workers of a job share the host's memory bandwidth and caches, so one
@@ -271,9 +298,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
             optimizer_s = 0.0
         else:
             # the rank steps its share of the optimizer states (sharded by zero / fsdp / tp / pp)
-            kind = OptimizerKind.of(cfg.optimizer)
-            share = per_rank["optimizer"] / kind.bytes_for(spec.num_params(cfg.model)) if kind.moments else 1.0
-            optimizer_s = timed.optimizer_s * share
+            optimizer_s = timed.optimizer_s * _optimizer_share(cfg, per_rank)
+            step_time_from = "timed on this CPU"
     if timed is not None and layout.tp > 1:
         # the timed model is plain tensors, and whole: a tensor-parallel rank (holding 1/pp of the blocks)
         # also pays DTensor's dispatch and what tp does not split
@@ -311,4 +337,5 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int) -> Plan:
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
                 mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
                 time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "cp": cp_s, "dp": exposed_dp,
-                        "offload": offload_s, "ep": ep_s}, experts=expert_summary(cfg, shapes))
+                        "offload": offload_s, "ep": ep_s}, experts=expert_summary(cfg, shapes),
+                step_time_from=step_time_from)

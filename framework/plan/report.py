@@ -38,7 +38,7 @@ def table(plan: Plan) -> str:
     if not plan.comm_bytes_per_step:
         lines.append("  none")
     lines += ["", f"pipeline bubble  {plan.bubble:.1%}",
-              f"step time        {plan.step_time_s:.3g} s",
+              f"step time        {plan.step_time_s:.3g} s  (compute {plan.step_time_from})",
               f"tokens/s         {plan.tokens_per_sec:,.0f}",
               f"MFU              {plan.mfu:.1%}"]
     return "\n".join(lines)
