@@ -141,23 +141,32 @@ def _refused(proc: subprocess.CompletedProcess, *words: str) -> None:
     assert all(w in lines[0] for w in words), lines[0]
 
 
-def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs):
+def export_here(capsys, ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The CLI's main in this process (what `export` runs in a child, less its start-up)."""
+    from framework.export.__main__ import main
+    capsys.readouterr()
+    code = main([str(ckpt), str(out), *extra])
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([], code, captured.out, captured.err)
+
+
+def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs, capsys):
     out, marker = tmp_path / "out", tmp_path / "pwned"
     not_a_checkpoint = tmp_path / "empty"
     not_a_checkpoint.mkdir()
-    _refused(export(not_a_checkpoint, out), "not a complete checkpoint")
+    _refused(export(not_a_checkpoint, out), "not a complete checkpoint")     # the CLI's own exit code and line
     assert not out.exists()
 
     dcp_ckpt = tmp_path / "dcp"
     shutil.copytree(step_dir(runs("fsdp_z3")), dcp_ckpt)
     (dcp_ckpt / "state" / ".metadata").write_bytes(pickle.dumps(_Exploit(marker)))
-    _refused(export(dcp_ckpt, out), "refuses to unpickle")
+    _refused(export_here(capsys, dcp_ckpt, out), "refuses to unpickle")
 
     ds_ckpt = tmp_path / "ds"
     shutil.copytree(step_dir(runs("deepspeed_z2")), ds_ckpt)
     optim = sorted((ds_ckpt / "state").glob("*optim_states.pt"))[0]
     torch.save({"optimizer_state_dict": _Exploit(marker)}, optim)
-    _refused(export(ds_ckpt, out), "refuses to unpickle")
+    _refused(export_here(capsys, ds_ckpt, out), "refuses to unpickle")
     assert not marker.exists() and not out.exists()
 
     other_model = tmp_path / "other_model"
@@ -165,16 +174,16 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs):
     cfg = OmegaConf.load(other_model / "config.yaml")
     cfg.model._target_ = "tests.fixtures.models.NaNAtStep"
     OmegaConf.save(cfg, other_model / "config.yaml")
-    _refused(export(other_model, out), "model._target_")
+    _refused(export_here(capsys, other_model, out), "model._target_")
     assert not out.exists()
 
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     for stale in ("model.safetensors.index.json", "model-00001-of-00002.safetensors"):   # an older sharded model
         (out / stale).write_text("old")
-    _refused(export(step_dir(runs("fsdp_z3")), out), "--force")
+    _refused(export_here(capsys, step_dir(runs("fsdp_z3")), out), "--force")
     assert len(os.listdir(out)) == 3
-    assert export(step_dir(runs("fsdp_z3")), out, "--force").returncode == 0
+    assert export_here(capsys, step_dir(runs("fsdp_z3")), out, "--force").returncode == 0
     assert sorted(os.listdir(out)) == ["config.json", "keep.txt", "model.safetensors", "tokenizer.json",
                                        "tokenizer_config.json"]
 
