@@ -47,9 +47,11 @@ def test_the_timed_model_is_the_jobs_in_the_dtype_its_wrapper_computes_in(monkey
                     ({torch.bfloat16}, False, (2, 33), 2), ({torch.bfloat16}, False, (2, 33), 3)]
 
 
-def test_a_model_timed_on_the_cpu_gives_a_time_for_every_part():
+def test_a_model_timed_on_the_cpu_gives_a_step_time():
+    # (how it splits between blocks and the rest is the clock's: a busy CPU may time 3 blocks as fast as 2)
     timing = device_timing.timed_on_device(config(*LLAMA, "activation_checkpointing=full"), 1, 32, Casting(), "cpu")
-    assert timing.block_s > 0 and timing.optimizer_s > 0 and timing.rest_s >= 0
+    assert timing.block_s + timing.rest_s > 0 and timing.optimizer_s > 0
+    assert timing.block_s >= 0 and timing.rest_s >= 0
 
 
 def test_a_model_that_cannot_run_there_is_modelled_instead(monkeypatch, caplog):
