@@ -73,7 +73,7 @@ def main() -> None:
     for name, casting in CASTINGS.items():
         for ac_name, ac in AC.items():
             cfg = _config(args.dim, args.seq, ac)
-            planned = op_costs._trace(cfg, 1, args.seq, attention_kernel.FUSED, casting).fused_bytes["block"]
+            planned = op_costs.traced(cfg, 1, args.seq, attention_kernel.FUSED, casting).fused_bytes["block"]
             got, kernels = inductor_bytes(cfg, casting)
             print(f"{name:<34}{ac_name:<22}{planned / 1e6:>11.1f}{got / 1e6:>13.1f}{got / planned:>7.2f}{kernels:>9}",
                   flush=True)

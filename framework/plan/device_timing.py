@@ -105,20 +105,16 @@ def _timed(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -
 
 
 def _seconds(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -> tuple[float, float]:
-    from framework.parallel.activation_checkpointing import checkpoint_activations
     from framework.parallel.compile import compile_blocks
     from framework.parallel.float8 import convert_float8
+    from framework.plan.activations import job_model
     from framework.precision import compute_dtype
     spec = spec_for(cfg.model)
     with torch.device(device):
-        model = spec.build(cfg.model)
+        model = job_model(cfg, spec, casting)
     convert_float8(model, cfg.precision, spec.block_classes(model), fsdp=False)
-    checkpoint_activations(model, cfg.activation_checkpointing, spec)
     compile_blocks(model, cfg, spec)
     dtype = compute_dtype(cfg.precision.name)
-    if casting.weights:
-        for p in model.parameters():
-            p.data = p.data.to(dtype)
     optimizer = OptimizerFactory(cfg.optimizer)(model.parameters())
     vocab = int(cfg.model.get("vocab_size") or cfg.data.vocab_size)
     tokens = torch.randint(0, vocab, (micro_batch, seq_len + 1), device=device)

@@ -277,8 +277,8 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int, time_on_
     peak = _peak(device, cfg.precision)
     timed = None
     step_time_from = "modelled"
-    if not device.cores:        # a GPU: the job timed on it, or its own operators timed by class
-        fits = per_rank["total"] <= device.memory_bytes      # a job that cannot run is not timed
+    fits = per_rank["total"] <= device.memory_bytes
+    if not device.cores:        # a GPU: the job timed on it (one that cannot run is not), or its operators by class
         compute_s, optimizer_s, step_time_from = _gpu_seconds(cfg, layout, device, per_rank, pp_rank,
                                                               time_on_device and fits)
     else:
@@ -335,7 +335,7 @@ def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int, time_on_
     mfu = flops_per_token * tokens_per_sec / (world_size * device.worker_peak(peak, world_size))
     return Plan(layout=layout, device=device.name, capacity_bytes=device.memory_bytes, per_rank_bytes=per_rank,
                 comm_bytes_per_step=comm, bubble=idle, step_time_s=step_s, tokens_per_sec=tokens_per_sec,
-                mfu=mfu, fits=per_rank["total"] <= device.memory_bytes,
+                mfu=mfu, fits=fits,
                 time_s={"compute": compute_s, "optimizer": optimizer_s, "tp": tp_s, "pp": pp_s, "cp": cp_s, "dp": exposed_dp,
                         "offload": offload_s, "ep": ep_s}, experts=expert_summary(cfg, shapes),
                 step_time_from=step_time_from)
