@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import REPO
 
 LAYERS = [
-    {"errors", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit"},
+    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},
     {"world", "sweep_gpus", "precision", "export"},

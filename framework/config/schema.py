@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from omegaconf import MISSING
 
+from framework.axes import crossed
+
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
@@ -34,13 +36,13 @@ class ParallelConfig:
     name: str = MISSING
     dp_replicate: int = 1
     dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
+    tp: int = crossed(1, 2)
+    pp: int = crossed(1, 2)
     pp_schedule: str = "1F1B"
     pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
     pp_virtual_stages: int = 1              # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
-    sequence_parallel: bool = False
-    ep: int = 1                             # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
+    sequence_parallel: bool = crossed(False, True)
+    ep: int = crossed(1, 2)                            # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
 
 
 @dataclass
@@ -54,8 +56,8 @@ class AutoParallelConfig(ParallelConfig):
 @dataclass
 class ZeroConfig:
     stage: int = 0
-    offload_optimizer: bool = False
-    offload_params: bool = False
+    offload_optimizer: bool = crossed(False, True)
+    offload_params: bool = crossed(False, True)
 
 
 @dataclass
@@ -80,7 +82,7 @@ class ActivationCheckpointingConfig:
     mode: str = "none"
     every_n_layers: int = 2     # layer: checkpoint every Nth block
     save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
-    save_every_nth_matmul: int = 1  # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
+    save_every_nth_matmul: int = crossed(1, 2) # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
     block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 
@@ -164,8 +166,8 @@ class TrainerConfig:
     # before its peers' collectives time out. 0 = off.
     stall_timeout_s: float = 900.0
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
-    deterministic: bool = False         # GPU runs repeat exactly (slower kernels); CPU runs always do
-    compile: bool = False               # torch.compile each block (torch-native strategies); compile_time logged apart
+    deterministic: bool = crossed(False, True)        # GPU runs repeat exactly (slower kernels); CPU runs always do
+    compile: bool = crossed(False, True)              # torch.compile each block (torch-native strategies); compile_time logged apart
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -176,7 +178,7 @@ class CheckpointConfig:
     interval: int = 0
     resume: Optional[str] = None        # null | auto (newest complete in dir) | <path of a step dir>
     keep_last: int = 2
-    async_save: bool = False            # write in the background (torch-native strategies; `async` is a keyword)
+    async_save: bool = crossed(False, True)           # write in the background (torch-native strategies; `async` is a keyword)
     initial_load: Optional[str] = None  # a dir of HF-layout safetensors to start the weights from
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.mesh import ParallelDims
@@ -24,7 +25,7 @@ class FSDPOptions(ParallelConfig):
     dp_replicate: int = 1       # HSDP replica groups; -1 = the rest of the world size
     dp_shard: int = -1          # ranks a parameter is sharded over; -1 = the rest of the world size
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
-    cp: int = 1                 # context parallel: ranks that split every sequence (parallel=3d)
+    cp: int = crossed(1, 2)                # context parallel: ranks that split every sequence (parallel=3d)
 
 
 def sharded_dims(cfg, world_size: int) -> ParallelDims:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from framework.axes import crossed
 from framework.loss import deferred_logits
 from framework.models.positions import position_rows
 from framework.models.seeding import param_seed
@@ -55,7 +56,7 @@ class LlamaArgs:
     tie_embeddings: bool = False
     init_std: float = 0.02
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
-    loss_chunk_tokens: int = 0
+    loss_chunk_tokens: int = crossed(0, 16)
 
     @property
     def kv_heads(self) -> int:
