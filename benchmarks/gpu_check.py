@@ -6,7 +6,7 @@
 
 On the visible GPUs it runs: single (one GPU); ddp, fsdp zero=stage2 and stage3, deepspeed zero=stage2
 and stage3 on as many ranks as there are GPUs; each eager and with trainer.compile=true (not DeepSpeed,
-which refuses it). The model is the 870M Llama of ../shared/gpu/ (bf16, sequences of 2048, 8 sequences
+which refuses it). The model is the 870M Llama of docs/benchmarks/h100.md (bf16, sequences of 2048, 8 sequences
 per GPU) unless overrides after `--` replace it. Each job logs every --log-every steps (a step that does
 not log is the case that used to be wrong) and records a torch.profiler trace of the steps --profile
 names, which must be exactly one log interval. Per job it prints:

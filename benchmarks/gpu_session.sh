@@ -10,8 +10,8 @@
 #   plain        issue 33: parallel=single vs a plain loop, eager and compiled, 2 rounds   (~6-8 min)
 #   loss_chunk   issue 33: the llama3_8b loss's peak with and without chunking         (~1 min)
 #
-# Before the first device run, here: bash ../shared/gpu/prepare_device_wheels.sh (writes .whl/), then
-# run with carry [".whl"]. Everything printed also goes to $OUT/gpu_session.log (the device returns files
+# Before the first device run, gather here the wheels the GPU machine lacks (hydra-core, omegaconf,
+# deepspeed, torchao, ...) into .whl/ (`pip download --no-deps ...`), then run with carry [".whl"]. Everything printed also goes to $OUT/gpu_session.log (the device returns files
 # from $OUT only). A step that fails or runs out of its time says so and the next one runs.
 set -uo pipefail
 out="${OUT:-/tmp}/gpu_session.log"

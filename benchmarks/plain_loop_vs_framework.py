@@ -13,7 +13,7 @@ the host each step, as the loop reads its own). Each side runs in its own proces
 Per mode (eager, compiled) it prints both sides, framework / plain (median of the per-round ratios; the
 mark is >= 1.00), its spread (min-max), and the MFU of each side where the device's peak is known.
 
-The default model is the 870M Llama of ../shared/gpu (dim 2048, 16 layers, bf16, 8 x 2048 tokens);
+The default model is the 870M Llama of docs/benchmarks/h100.md (dim 2048, 16 layers, bf16, 8 x 2048 tokens);
 `--device cpu -- model=tiny data.seq_len=64` tries the script itself on a CPU.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 not hosting the rendezvous store is SIGKILLed mid-run. The survivor re-forms the group at world size 2,
 resumes from the last checkpoint with the same global batch (gradient accumulation doubles) and ends
 with the losses of an uninterrupted single-process run. And the other way: a node that joins a running
-1-node job grows the group to world size 4 with the same guarantee (torchrun started as README says,
+1-node job grows the group to world size 4 with the same guarantee (torchrun started as docs/how-to/multi-node.md says,
 with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
 
 torchrun runs through tests/fixtures/torchrun_short_exit_barrier.py: after the run, torch's agent would

@@ -11,6 +11,7 @@ from kubeflow_trainer_api.models.io_k8s_api_core_v1_config_map import IoK8sApiCo
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
 from framework.k8s.manifests import rfc1035
+from tests.docs_commands import run_by
 from tests.helpers import run_framework
 
 SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "pytorchjob.kubeflow.org_v1.schema.json").read_text())
@@ -91,15 +92,14 @@ def test_an_invalid_config_is_refused_before_any_manifest():
     assert proc.stderr.strip().splitlines()[-1].startswith("error: zero: parallel=fsdp does not do zero=none")
 
 
-def _readme_k8s_commands() -> list[list[str]]:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
-    lines = [line.split("|")[0].split() for line in text.splitlines() if line.startswith("python -m framework.k8s ")]
+def _docs_k8s_commands() -> list[list[str]]:
+    lines = [c.text.split("|")[0].split() for c in run_by(__file__)]
     assert len(lines) == 2
     return [line[3:] for line in lines]
 
 
-@pytest.mark.parametrize("args", _readme_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
-def test_readme_k8s_commands_print_valid_manifests(args):
+@pytest.mark.parametrize("args", _docs_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
+def test_docs_k8s_commands_print_valid_manifests(args):
     docs = documents(k8s(*args))
     for doc in docs:
         if doc["kind"] == "PyTorchJob":

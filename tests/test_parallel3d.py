@@ -1,5 +1,5 @@
 """parallel=3d gives the single-process losses (fp32, same seed, same global batch) in every layout,
-and the mission's command runs as-is (tests/test_readme_commands.py runs it as README shows it)."""
+and the mission's command runs as-is (tests/test_docs_commands.py runs it as README shows it)."""
 import pytest
 
 from tests.helpers import (FAST, assert_planned_activations, assert_planned_comm, assert_planned_model_states, check_ok,

@@ -22,6 +22,7 @@ from framework.plan.layout import Casting, layout_of
 from framework.plan.model_states import model_states
 from framework.plan.shapes import rank_parameters
 from framework.strategies.registry import strategy_class
+from tests.docs_commands import run_by
 from tests.helpers import REPO, run_framework, run_in_own_session
 
 
@@ -157,14 +158,13 @@ def test_a_job_that_cannot_fit_is_refused_before_launch_with_the_cheapest_fix(tm
     assert proc.returncode == 2 and "planner" not in proc.stderr and "global_batch_size" in proc.stderr
 
 
-def _readme_plan_commands():
-    text = (REPO / "README.md").read_text()
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("python -m framework.plan ")]
+def _docs_plan_commands() -> list[str]:
+    return [c.text for c in run_by(__file__) if c.text.startswith("python -m framework.plan ")]
 
 
-def test_readme_plan_commands_run_as_written(tmp_path):
-    commands = _readme_plan_commands()
-    assert len(commands) >= 3
+def test_docs_plan_commands_run_as_written(tmp_path):
+    commands = _docs_plan_commands()
+    assert len(commands) >= 5
     for command in commands:
         args = command.split()[3:]
         proc = run_in_own_session([sys.executable, "-m", "framework.plan", *args], cwd=tmp_path, timeout=300,
@@ -238,14 +238,13 @@ def test_parallel_auto_breaks_a_predicted_tie_toward_less_machinery():
 
 
 def test_parallel_auto_runs_its_pick_and_writes_it_to_the_resolved_config(tmp_path):
-    """README's parallel=auto command, as written (2 steps), from another directory."""
+    """The docs' parallel=auto command, as written (2 steps), from another directory."""
     import os
 
     from omegaconf import OmegaConf
 
     from tests.helpers import check_ok, read_metrics
-    command = next(line.strip() for line in (REPO / "README.md").read_text().splitlines()
-                   if line.strip().startswith("python -m framework parallel=auto"))
+    command = next(c.text for c in run_by(__file__) if c.text.startswith("python -m framework parallel=auto"))
     proc = run_in_own_session([sys.executable, *command.split()[1:], "trainer.max_steps=2", "trainer.eval_batches=1",
                                "trainer.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
                               timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -21,7 +21,7 @@ recomputes the rest from them: the norms' fp32 work and the residual inside the 
 CPU-inductor-compiled Llama blocks, which partition as on a GPU (`python
 benchmarks/compiled_activation_bytes.py`): within 0.1% of the plan, with fp32 weights under bf16
 autocast and with bf16 weights, eager and compiled; the 870M job's two compiled H100 rows (single and
-fsdp, ../shared/gpu) are planned at 0.99 of their measured peaks.
+fsdp, docs/benchmarks/h100.md) are planned at 0.99 of their measured peaks.
 
 Where the strategy hands the blocks weights already in low precision (FSDP2's mixed-precision policy,
 DeepSpeed's bf16 engine: `casting`, from Layout.casting), the model is traced with its parameters in that

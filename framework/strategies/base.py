@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from framework.models.factory import ModelFactory
 
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
-#: the one vocabulary (DESIGN.md): what each zero stage keeps one shard of per data-parallel rank
+#: the one vocabulary (docs/design/index.md): what each zero stage keeps one shard of per data-parallel rank
 ZERO_SHARDS: dict[int, frozenset[str]] = {0: frozenset(), 1: frozenset({"optimizer"}),
                                           2: frozenset({"optimizer", "grads"}),
                                           3: frozenset({"optimizer", "grads", "params"})}

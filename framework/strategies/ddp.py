@@ -21,10 +21,10 @@ COMM_HOOKS = {"none": None, "fp16": "fp16_compress_hook", "bf16": "bf16_compress
 @dataclass
 class DDPOptions(ParallelConfig):
     name: str = "ddp"
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    find_unused_parameters: bool = False
+    bucket_cap_mb: float = 25.0             # size of DDP's gradient all-reduce buckets
+    gradient_as_bucket_view: bool = False   # gradients are views into the buckets (saves one gradient copy)
+    static_graph: bool = False              # the graph is the same every step (lets DDP skip per-step bookkeeping)
+    find_unused_parameters: bool = False    # allow parameters that get no gradient in a step
     comm_hook: str = "none"          # none | fp16 | bf16: compress gradients for the all-reduce
 
 

@@ -22,8 +22,8 @@ from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 @dataclass
 class FSDPOptions(ParallelConfig):
     name: str = "fsdp"
-    dp_replicate: int = 1       # HSDP replica groups; -1 = the rest of the world size
-    dp_shard: int = -1          # ranks a parameter is sharded over; -1 = the rest of the world size
+    dp_replicate: int = 1
+    dp_shard: int = -1
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
     cp: int = crossed(1, 2)                # context parallel: ranks that split every sequence (parallel=3d)
 

@@ -23,13 +23,13 @@ from framework.models.seeding import param_seed
 
 @dataclass
 class GPT2Args:
-    dim: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    vocab_size: int = 50257
-    max_seq_len: int = 1024
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    dim: int = 768                          # model width (embedding and residual stream)
+    n_layers: int = 12                      # transformer blocks
+    n_heads: int = 12                       # attention heads
+    vocab_size: int = 50257                 # embedding rows; follows data.vocab_size unless set
+    max_seq_len: int = 1024                 # learned position embeddings (the longest sequence)
+    norm_eps: float = 1e-5                  # LayerNorm epsilon
+    init_std: float = 0.02                  # standard deviation of the seeded normal init
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
     loss_chunk_tokens: int = 0
 

@@ -32,7 +32,7 @@ SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "n
 
 @dataclass
 class HFModelConfig:
-    _target_: str = "framework.models.hf.HFCausalLM"
+    _target_: str = "framework.models.hf.HFCausalLM"   # the model class built (the family's)
     pretrained: Optional[str] = None    # a local dir: config.json + safetensors weights
     config: Optional[str] = None        # a dir or config.json: a fresh model from the seed
 

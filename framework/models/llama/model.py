@@ -26,11 +26,11 @@ from framework.models.seeding import param_seed
 class RopeScaling:
     """Rotary frequencies as Hugging Face's rope_parameters names them. rope_type default: plain RoPE (the
     other keys unused); llama3: Llama 3.1's long-context scaling (these defaults are Meta's)."""
-    rope_type: str = "default"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    rope_type: str = "default"              # default (plain RoPE) | llama3 (Llama 3.1's long-context scaling)
+    factor: float = 8.0                     # llama3: how far the context is stretched
+    low_freq_factor: float = 1.0            # llama3: wavelengths above original / this are scaled
+    high_freq_factor: float = 4.0           # llama3: wavelengths below original / this are kept
+    original_max_position_embeddings: int = 8192  # llama3: the context the model was trained at
 
 
 def rope_scaling_dict(scaling) -> dict:
@@ -42,19 +42,19 @@ def rope_scaling_dict(scaling) -> dict:
 
 @dataclass
 class LlamaArgs:
-    dim: int = 256
-    n_layers: int = 4
-    n_heads: int = 8
+    dim: int = 256                          # model width (embedding and residual stream)
+    n_layers: int = 4                       # transformer blocks
+    n_heads: int = 8                        # attention (query) heads
     n_kv_heads: Optional[int] = None      # None = n_heads (plain multi-head attention)
-    vocab_size: int = 256
+    vocab_size: int = 256                   # embedding rows; follows data.vocab_size unless set
     ffn_dim: Optional[int] = None         # None = 8/3 * dim rounded up to multiple_of
-    multiple_of: int = 32
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    multiple_of: int = 32                   # the feed-forward width is rounded up to a multiple of this
+    norm_eps: float = 1e-5                  # RMSNorm epsilon
+    rope_theta: float = 10000.0             # RoPE base frequency
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
-    max_seq_len: int = 2048
-    tie_embeddings: bool = False
-    init_std: float = 0.02
+    max_seq_len: int = 2048                 # longest sequence the positions are built for
+    tie_embeddings: bool = False            # the output head shares the embedding's weight
+    init_std: float = 0.02                  # standard deviation of the seeded normal init
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
     loss_chunk_tokens: int = crossed(0, 16)
 

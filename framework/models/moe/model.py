@@ -34,16 +34,16 @@ EXPERT_COMPUTE = ("auto", "grouped_mm", "loop")
 
 @dataclass
 class MoEArgs(LlamaArgs):
-    n_experts: int = 8
-    top_k: int = 2
+    n_experts: int = 8                      # routed experts per MoE layer
+    top_k: int = 2                          # experts each token is sent to
     moe_ffn_dim: int = 128                # hidden size of one routed expert
     shared_ffn_dim: int = 0               # hidden size of the shared expert; 0 = none
-    score_func: str = "softmax"
+    score_func: str = "softmax"             # router scores: softmax | sigmoid
     norm_topk_prob: bool = True           # renormalise the k chosen weights to sum to one
-    balance: str = "aux_loss"
-    aux_loss_coef: float = 0.01
+    balance: str = "aux_loss"               # aux_loss (Switch/Mixtral) | bias (DeepSeek-V3's loss-free routing bias) | none
+    aux_loss_coef: float = 0.01             # balance=aux_loss: weight of the auxiliary loss
     bias_update_rate: float = 0.001       # balance=bias: how far a step moves an expert's bias
-    expert_compute: str = "auto"          # auto: torch._grouped_mm where the device has it, else a loop
+    expert_compute: str = "auto"          # auto | grouped_mm | loop; auto: torch._grouped_mm where the device has it
     attn_head_dim: Optional[int] = None   # None = dim / n_heads; Qwen3 sets 128 with dim 2048 and 32 heads
     qk_norm: bool = False                 # Qwen3: RMSNorm over each head's q and k before RoPE
 

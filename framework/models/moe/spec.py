@@ -13,7 +13,7 @@ from framework.models.moe.model import (BALANCES, EXPERT_COMPUTE, SCORE_FUNCS, M
 
 @dataclass
 class MoEModelConfig(MoEArgs):
-    _target_: str = "framework.models.moe.MoETransformer"
+    _target_: str = "framework.models.moe.MoETransformer"   # the model class built (the family's)
 
 
 class MoESpec(LlamaSpec):
