@@ -4,6 +4,7 @@ for a later `wandb sync`, where each attempt of a resumed job is a part of the s
 from __future__ import annotations
 
 import os
+import uuid
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
 
@@ -29,7 +30,7 @@ class WandbTracker(Tracker):
 
     def start(self, cfg, run_dir: str, run_id: str | None) -> str:
         import wandb
-        run_id = run_id or wandb.util.generate_id()
+        run_id = run_id or uuid.uuid4().hex[:12]
         self.run = wandb.init(project=cfg.logging.experiment, name=cfg.logging.run_name, id=run_id, resume="allow",
                               dir=run_dir, config=flat_params(cfg), allow_val_change=True)
         return run_id
