@@ -75,8 +75,10 @@ def reference_losses(cfg, steps: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def ramped(tmp_path_factory):
+    """An uninterrupted ramped run, with a checkpoint after step 3: the last step of 2 sequences."""
     run_dir = tmp_path_factory.mktemp("ramped") / "run"
-    check_ok(run_framework(RAMPED, run_dir))
+    check_ok(run_framework([*RAMPED, "checkpoint.enabled=true", "checkpoint.interval=3", "checkpoint.keep_last=3"],
+                           run_dir))
     return run_dir
 
 
@@ -91,11 +93,13 @@ def test_a_ramped_run_trains_the_batches_of_a_plain_loop(ramped):
 
 
 def test_resume_across_a_ramp_step_is_exact(ramped, tmp_path):
-    """Stop after step 3 (the last of size 2), resume: step 4 takes 4 sequences, from the 7th on."""
+    """Resumed after step 3, step 4 takes 4 sequences, from the 7th on, as in the uninterrupted run."""
     run_dir = tmp_path / "run"
-    check_ok(run_framework([*RAMPED, "checkpoint.enabled=true", "trainer.stop_at_step=3"], run_dir))
-    check_ok(run_framework([*RAMPED, "checkpoint.enabled=true", "checkpoint.resume=auto"], run_dir))
-    assert losses(run_dir) == losses(ramped)
+    check_ok(run_framework([*RAMPED, f"checkpoint.resume={ramped / 'checkpoints' / 'step_00000003'}"], run_dir))
+    resumed = read_metrics(run_dir)
+    assert [r["step"] for r in resumed] == [4, 5, 6, 7, 8]
+    assert [r["global_batch_size"] for r in resumed] == [4, 4, 6, 8, 8]
+    assert [r["loss"] for r in resumed] == losses(ramped)[3:]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +119,7 @@ REFUSED = [
     (["trainer.rampup_batch_size=[2,4,16]"], "steps of 4 from 2 do not reach trainer.global_batch_size=8"),
     (["parallel=ddp", "launcher.nproc_per_node=2", "trainer.rampup_batch_size=[2,2,16]"],
      "trainer.rampup_batch_size: a ramp step of 2 sequences does not split into forward passes of 2 on 2 "
-     "data-parallel ranks; make start and increment multiples of 4"),
+     "data-parallel ranks; make start and increment multiples of 4, or lower trainer.micro_batch_size"),
     (["parallel=deepspeed", "launcher.nproc_per_node=2", "trainer.rampup_batch_size=[4,4,16]"],
      "trainer.rampup_batch_size: parallel=deepspeed cannot change a step's micro-batches mid-run"),
     (["parallel=deepspeed", "launcher.nproc_per_node=2", "trainer.on_oom=retry"],

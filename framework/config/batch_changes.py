@@ -60,7 +60,8 @@ def validate_batch_changes(cfg, strategy_cls, world_size: int) -> None:
             if size % (final.dp * final.forward_batch):
                 raise ConfigError(RAMP, f"a ramp step of {size} sequences does not split into forward passes of "
                                         f"{final.forward_batch} on {final.dp} data-parallel ranks; make start and "
-                                        f"increment multiples of {final.dp * final.forward_batch}")
+                                        f"increment multiples of {final.dp * final.forward_batch}, or lower "
+                                        f"trainer.micro_batch_size")
             _serves(cfg, strategy_cls, world_size, RAMP, f"a ramp step takes {size} sequences", size,
                     final.micro_batch, size // final.dp // final.forward_batch if pipelined else None)
     if t.on_oom == "retry":
