@@ -11,6 +11,7 @@ and the records have no gpu/ keys. The ranks agree once, at the start, whether a
 from __future__ import annotations
 
 import math
+import os
 import socket
 
 import torch
@@ -37,8 +38,13 @@ def _rank_gpu(nvml, device: torch.device, local_rank: int):
     """(NVML handle, "GPU <index> (<uuid>)") of the rank's GPU, or None."""
     try:
         if device.type == "cuda":
-            uuid = str(torch.cuda.get_device_properties(device).uuid)
-            handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            try:
+                uuid = str(torch.cuda.get_device_properties(device).uuid)
+                handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            except Exception:
+                if "CUDA_VISIBLE_DEVICES" in os.environ:    # CUDA's indices are not NVML's then
+                    return None
+                handle = nvml.nvmlDeviceGetHandleByIndex(device.index)
         elif local_rank < nvml.nvmlDeviceGetCount():
             handle = nvml.nvmlDeviceGetHandleByIndex(local_rank)
         else:
