@@ -39,7 +39,7 @@ def default_run_name(run_dir: str) -> str:
     return f"{os.path.basename(os.path.dirname(path))}-{name}" if name.isdigit() else name
 
 
-def probe(cfg, warn=lambda line: print(line, file=sys.stderr)) -> None:
+def probe(cfg) -> None:
     """TrackerError for the first chosen tracker that cannot be reached; with logging.tracker_errors=warn,
     a warning instead, and the tracker is dropped from logging.trackers (the workers then skip it)."""
     kept = []
@@ -50,7 +50,7 @@ def probe(cfg, warn=lambda line: print(line, file=sys.stderr)) -> None:
         except TrackerError as e:
             if cfg.logging.tracker_errors != "warn":
                 raise
-            warn(f"warning: logging.trackers: {e}; going on without it (logging.tracker_errors=warn)")
+            print(f"warning: logging.trackers: {e}; going on without it (logging.tracker_errors=warn)", file=sys.stderr)
     cfg.logging.trackers = kept
 
 
