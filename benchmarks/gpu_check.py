@@ -118,7 +118,7 @@ def main() -> None:
                 *model, *overrides, f"device={device}", f"launcher.nproc_per_node={ranks}",
                 f"trainer.global_batch_size={opts.batch_per_gpu * ranks}", f"trainer.compile={str(compiled).lower()}",
                 f"trainer.max_steps={opts.steps}", f"trainer.log_every={opts.log_every}", "trainer.eval_every=0",
-                f"trainer.profile.steps=[{first},{last}]", "trainer.progress_bar=false", "logging.tensorboard=false",
+                f"trainer.profile.steps=[{first},{last}]", "trainer.progress_bar=false", "logging.trackers=[]",
                 "checkpoint.enabled=false", "planner.check=false"]
     results: dict[str, list[dict]] = {name: [] for name in jobs}
     plans = {} if opts.no_plan else {name: plan_job(args, opts.timeout) for name, args in jobs.items()}

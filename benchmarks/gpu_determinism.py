@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 LAYOUTS = {"single": ["parallel=single"], "fsdp": ["parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=1"]}
-QUIET = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false"]
+QUIET = ["trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]"]
 
 
 def run(args: list[str], run_dir: Path) -> tuple[int, list[dict], str]:

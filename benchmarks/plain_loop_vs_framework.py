@@ -99,7 +99,7 @@ def run_framework(opts, compiled: bool) -> float:
                f"device={opts.device}", f"trainer.global_batch_size={opts.batch}",
                f"trainer.micro_batch_size={opts.batch}", f"trainer.compile={str(compiled).lower()}",
                f"trainer.max_steps={opts.steps}", "trainer.log_every=1", "trainer.eval_every=0",
-               "trainer.progress_bar=false", "logging.tensorboard=false", "checkpoint.enabled=false",
+               "trainer.progress_bar=false", "logging.trackers=[]", "checkpoint.enabled=false",
                "planner.check=false", f"hydra.run.dir={run_dir}"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=opts.timeout)
         if proc.returncode != 0:

@@ -11,7 +11,9 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
 from framework.config.paths import CONFIG_DIR
+from framework.config.removed import refuse_removed_keys
 from framework.config_store import register_configs
+from framework.errors import ConfigError
 
 _task_started = False
 _failed_points: set[int] = set()
@@ -57,6 +59,11 @@ def main() -> None:
         from framework.config.help import help_text
         print(help_text())
         return
+    try:
+        refuse_removed_keys(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(exit_codes.USAGE)
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)

@@ -28,6 +28,7 @@ from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.world import nproc_for_node, under_torchrun, world_size_for
+from framework.metrics import trackers
 from framework.metrics.logger import final_value
 from framework.preemption import ignoring, stopping_once_on
 from framework.strategies.registry import strategy_class
@@ -89,10 +90,17 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         world_size = world_size_for(cfg, strategy_cls)
         validate(cfg, world_size, strategy_cls, run_dir)
         check_the_plan(cfg, world_size)
+        if is_rank_zero():       # the rank that logs: it must reach the trackers
+            cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
+            trackers.probe(cfg)
+    except trackers.TrackerError as e:
+        print(f"error: logging.trackers: {e}", file=sys.stderr)
+        remove_if_only_hydra_files(run_dir)
+        sys.exit(exit_codes.USAGE)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         remove_if_only_hydra_files(run_dir)
-        sys.exit(2)
+        sys.exit(exit_codes.USAGE)
 
     placement = discover(os.environ)
     spawns = not (under_torchrun() or isinstance(placement, Worker) or world_size == 1)
@@ -272,7 +280,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         print(f"error: worker rank {rank} {describe_failure(failure)} "
               f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",
               file=sys.stderr)
-        sys.exit(1)
+        sys.exit(exit_codes.GPU_FAULT if failure.exitcode == exit_codes.GPU_FAULT else 1)
 
 
 def describe_failure(failure) -> str:
@@ -282,6 +290,8 @@ def describe_failure(failure) -> str:
         return f"was killed by {failure.signal_name()}"
     if failure.exitcode == exit_codes.STALL:
         return f"stalled (trainer.stall_timeout_s; stacks in <run dir>/{STALL_DIR}/)"
+    if failure.exitcode == exit_codes.GPU_FAULT:
+        return "stopped on a GPU fault (host and GPU named above): restart without that node"
     message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
     first_line = (message or "").strip().splitlines()[-1:] or ["see its output above"]
     return f"failed with exit code {failure.exitcode}: {first_line[0]}"

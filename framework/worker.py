@@ -14,7 +14,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from framework import determinism, exit_codes
 from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
+from framework.metrics.gpu_health import GpuFault
 from framework.preemption import Preempted, pass_on, signal_number
+from framework.step_batches import OutOfMemoryAtOneSequence
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -45,6 +47,13 @@ def run_worker(cfg, run_dir: str) -> None:
                   file=sys.stderr)
         pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE if saved else 1)
+    except (GpuFault, OutOfMemoryAtOneSequence) as e:
+        # every rank read the same gathered counts, or the same agreed report, and stopped at the same step
+        strategy.teardown()
+        code = exit_codes.GPU_FAULT if isinstance(e, GpuFault) else 1
+        if strategy.is_main:
+            print(f"error: {'GPU fault: ' if code == exit_codes.GPU_FAULT else ''}{e}", file=sys.stderr, flush=True)
+        sys.exit(code)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
     strategy.teardown()

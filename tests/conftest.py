@@ -52,3 +52,41 @@ def compose_config():
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on a free local port with a sqlite store, started once per session (it takes a
+    few seconds); its tracking URI."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
+                time.sleep(0.2)
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)     # a test server: nothing of it is kept
+        proc.wait()
+        log.close()

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = [
     "model=tiny", "data.seq_len=32", "trainer.max_steps=8", "trainer.global_batch_size=8",
     "trainer.micro_batch_size=2", "trainer.log_every=1", "trainer.eval_every=0",
-    "trainer.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=3e-3",
+    "trainer.progress_bar=false", "logging.trackers=[]", "optimizer.lr=3e-3",
     "scheduler.warmup_steps=2", "checkpoint.enabled=false",
 ]
 

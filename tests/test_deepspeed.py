@@ -136,7 +136,7 @@ def test_public_auto_file_runs_with_no_other_override(tmp_path, name):
     run_dir = tmp_path / name
     check_ok(run_framework(["parallel=deepspeed", f"parallel.ds_config={FIXTURES / (name + '.json')}",
                             "model=tiny", "data.seq_len=32", "trainer.max_steps=2", "trainer.eval_every=0",
-                            "trainer.progress_bar=false", "logging.tensorboard=false"], run_dir))
+                            "trainer.progress_bar=false", "logging.trackers=[]"], run_dir))
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
     written = json.loads((run_dir / "ds_config.json").read_text())
     assert written["zero_optimization"]["stage"] == int(name[-1]) and written["scheduler"]["type"] == "WarmupLR"

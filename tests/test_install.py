@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import REPO
 
 SHORT = ["model=tiny", "data.seq_len=32", "trainer.max_steps=2", "trainer.eval_every=0",
-         "trainer.progress_bar=false", "logging.tensorboard=false", "checkpoint.enabled=false"]
+         "trainer.progress_bar=false", "logging.trackers=[]", "checkpoint.enabled=false"]
 
 
 def _clean_env() -> dict:

@@ -17,7 +17,7 @@ LAYERS = [
     {"metrics"},
     {"config"},
     {"strategies"},
-    {"trainer", "config_store"},
+    {"trainer", "step_batches", "config_store"},
     {"plan", "worker"},
     {"launch"},
     {"__main__", "k8s", "reference", "compare"},

@@ -6,14 +6,14 @@ import pytest
 from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
 
 TOL = 1e-5
-ARGS = [a for a in FAST if not a.startswith(("logging.tensorboard", "checkpoint.enabled"))]
+ARGS = [a for a in FAST if not a.startswith(("logging.trackers", "checkpoint.enabled"))]
 
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("joblib")
     check_ok(run_framework(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", *ARGS, "parallel=ddp",
-                            "launcher.nproc_per_node=2", "logging.tensorboard=true", "checkpoint.enabled=true",
+                            "launcher.nproc_per_node=2", "logging.trackers=[tensorboard]", "checkpoint.enabled=true",
                             "seed=0,1", f"hydra.sweep.dir={root}"], timeout=600))
     return root
 

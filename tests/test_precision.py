@@ -87,7 +87,7 @@ def test_bf16_tracks_fp32_on_the_default_corpus(tmp_path):
     """50 steps of the default corpus (pydoc); bf16 autocast ends within a few percent of fp32."""
     args = ["model=tiny", "data.seq_len=64", "trainer.max_steps=50", "trainer.global_batch_size=8",
             "trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_every=0",
-            "trainer.progress_bar=false", "logging.tensorboard=false"]
+            "trainer.progress_bar=false", "logging.trackers=[]"]
     fp32 = train(tmp_path, "fp32", [*args, "precision=fp32"])
     bf16 = train(tmp_path, "bf16", [*args, "precision=bf16"])
     assert all(math.isfinite(x) for x in bf16)

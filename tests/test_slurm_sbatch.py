@@ -19,7 +19,7 @@ FAKES = REPO / "tests" / "fakes"
 SHRINK = ["model=tiny", "data=synthetic", "data.seq_len=32", "data.vocab_size=256", "device=cpu", "precision=fp32",
           "parallel.dp_replicate=1", "activation_checkpointing=none", "trainer.max_steps=30",
           "trainer.global_batch_size=4", "trainer.eval_every=0", "trainer.progress_bar=false",
-          "logging.tensorboard=false", "trainer.log_every=1", "checkpoint.interval=1000"]
+          "logging.trackers=[]", "trainer.log_every=1", "checkpoint.interval=1000"]
 
 
 def sbatch_script() -> str:

@@ -165,6 +165,12 @@ class TrainerConfig:
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: OneOf["abort", "skip"] = "abort"   # what a NaN/inf loss or gradient does
+    # what an out-of-memory error inside a training step does: abort, or halve the micro-batch on every rank
+    # and run the step again (the global batch stays; at micro-batch 1 the job stops, naming what it lacked)
+    on_oom: OneOf["abort", "retry"] = crossed("abort", "retry")
+    # [start, increment, samples] as Megatron's --rampup-batch-size: the global batch grows from `start` by
+    # `increment` sequences over the first `samples` sequences, up to global_batch_size; null = no ramp
+    rampup_batch_size: Optional[list[int]] = crossed(None, [4, 4, 16])
     progress_bar: bool = True               # a tqdm bar on rank 0 (false: plain log lines only)
     # Seconds without a finished step before every rank writes its stacks to <run dir>/stall/ and the job
     # fails; 0 = off. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with
@@ -208,7 +214,13 @@ class LauncherConfig:
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True                # write TensorBoard events to <run dir>/tensorboard
+    # where metrics go besides metrics.jsonl (always written): any of framework/metrics/trackers' TRACKERS
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tracker_errors: OneOf["fail", "warn"] = "fail"   # a tracker unreachable at start: exit 2, or warn and go on
+    experiment: str = "framework"           # MLflow experiment / W&B project
+    run_name: Optional[str] = None          # null = the run dir's name (a sweep point: <sweep dir>-<n>)
+    mlflow_tracking_uri: Optional[str] = None   # null = MLFLOW_TRACKING_URI
+    gpu_health: bool = True                 # NVML (nvidia-ml-py) readings of each rank's GPU in every record
     peak_flops: Optional[float] = None      # per device; null = look up the device
     cpu_peak_flops: float = 3.0e11          # what MFU is measured against on CPU
 

@@ -5,6 +5,7 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 from __future__ import annotations
 
 import glob
+import importlib.util
 import math
 import os
 
@@ -18,6 +19,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.errors import ConfigError
+from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
@@ -25,6 +27,8 @@ from framework.data import tokenizer
 from framework.data.mixture import BLOCK, block_counts
 from framework.data.sources import DataError, check_token_range, path_kind, source_name, streams
 from framework.devices import check_visible_gpus
+from framework.metrics.trackers import TRACKERS, tracker_class
+from framework.metrics.trackers.mlflow_tracker import tracking_uri
 from framework.models import hf_files
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
@@ -171,6 +175,22 @@ def validate_sampling(cfg) -> None:
                                                   f"none: set data.tokenizer=/path/to/tokenizer.json")
 
 
+def validate_logging(cfg) -> None:
+    names = list(cfg.logging.trackers)
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError("logging.trackers", f"{name!r} is not a tracker; use any of {', '.join(TRACKERS)} "
+                                                  f"(metrics.jsonl is always written)")
+        if importlib.util.find_spec(tracker_class(name).package) is None:
+            raise ConfigError("logging.trackers", f"{name} needs its client library: pip install 'framework[{name}]'")
+    if len(set(names)) != len(names):
+        raise ConfigError("logging.trackers", f"names a tracker twice: {names}")
+    if "mlflow" in names and not tracking_uri(cfg):
+        raise ConfigError("logging.mlflow_tracking_uri", "logging.trackers has mlflow but no tracking server is "
+                                                         "given; set logging.mlflow_tracking_uri=http://HOST:PORT "
+                                                         "or MLFLOW_TRACKING_URI")
+
+
 def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> None:
     """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's. What changes
     the function but no shape (norm epsilon, RoPE) is taken from config.json into cfg.model, unless the
@@ -284,9 +304,11 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     check_ac_mode(cfg.activation_checkpointing)
     validate_data_files(cfg)
     validate_sampling(cfg)
+    validate_logging(cfg)
     validate_profile(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
     strategy_cls.validate(cfg, world_size)
+    validate_batch_changes(cfg, strategy_cls, world_size)
     validate_data_contents(cfg)

@@ -2,8 +2,9 @@
 
 The token stream is cut into non-overlapping sequences of seq_len + 1 tokens (input plus
 the shifted target). Each epoch visits them in a permutation drawn from (seed, epoch).
-Global step k takes the next global_batch_size sequences of that endless order, so the
-sequences of a step depend only on the seed and k, never on how many ranks share them.
+Global step k takes the next global batch of that endless order (global_batch_size sequences, or
+during a batch-size ramp the ramp's size, starting after the earlier steps' sequences: data/ramp.py),
+so the sequences of a step depend only on the seed and k, never on how many ranks share them.
 A data-parallel rank takes its contiguous slice of the global batch; the data position
 to checkpoint is just the step.
 """
@@ -12,14 +13,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from framework.data.ramp import BatchSizes
+
 
 class GlobalBatchSampler:
-    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int,
+    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: BatchSizes | int, seed: int,
                  shuffle: bool = True, stream: tuple[int, ...] = ()):
         self.tokens = tokens
         self.stream = stream   # extra seed words: a mixture gives each source its own order
         self.seq_len = seq_len
-        self.global_batch_size = global_batch_size
+        self.batch_sizes = BatchSizes.of(global_batch_size)
+        self.global_batch_size = self.batch_sizes.final
         self.seed = seed
         self.shuffle = shuffle
         self.num_sequences = (len(tokens) - 1) // seq_len
@@ -45,8 +49,8 @@ class GlobalBatchSampler:
         return np.asarray(ids, dtype=np.int64)
 
     def sequence_ids(self, step: int) -> np.ndarray:
-        start = step * self.global_batch_size
-        return self.ids_at(range(start, start + self.global_batch_size))
+        start = self.batch_sizes.offset(step)
+        return self.ids_at(range(start, start + self.batch_sizes.size(step)))
 
     def sequences(self, ids: np.ndarray) -> torch.Tensor:
         rows = [np.asarray(self.tokens[i * self.seq_len: i * self.seq_len + self.seq_len + 1], dtype=np.int64)
@@ -54,9 +58,9 @@ class GlobalBatchSampler:
         return torch.from_numpy(np.stack(rows))
 
     def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
-        """This data-parallel rank's (global_batch_size / dp_size, seq_len + 1) slice of step `step`."""
+        """This data-parallel rank's (the step's global batch / dp_size, seq_len + 1) slice of step `step`."""
         ids = self.sequence_ids(step)
-        per_rank = self.global_batch_size // dp_size
+        per_rank = self.batch_sizes.size(step) // dp_size
         return self.sequences(ids[dp_rank * per_rank:(dp_rank + 1) * per_rank])
 
     def consumed(self, steps: int) -> dict[str, int]:
@@ -64,22 +68,24 @@ class GlobalBatchSampler:
         return {}
 
 
-def build_samplers(data_cfg, global_batch_size: int, seed: int, with_val: bool):
-    """(train sampler, validation sampler or None) for the configured data."""
+def build_samplers(data_cfg, global_batch_size: BatchSizes | int, seed: int, with_val: bool):
+    """(train sampler, validation sampler or None) for the configured data; validation batches take the
+    final global batch size."""
     from framework.data.mixture import MixtureSampler
     from framework.data.sources import streams
 
     found = streams(data_cfg)
+    final = BatchSizes.of(global_batch_size).final
     splits = [split_train_val(s.tokens, data_cfg.val_fraction) for s in found]
     if data_cfg.source != "mix":
         train, val = splits[0]
         return (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
-                GlobalBatchSampler(val, data_cfg.seq_len, global_batch_size, seed, shuffle=False) if with_val else None)
+                GlobalBatchSampler(val, data_cfg.seq_len, final, seed, shuffle=False) if with_val else None)
     weights, names = [s.weight for s in found], [s.name for s in found]
-    mix = lambda index, shuffle: MixtureSampler(
+    mix = lambda index, shuffle, sizes: MixtureSampler(
         [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
-         for i, split in enumerate(splits)], weights, names, global_batch_size, seed)
-    return mix(0, True), (mix(1, False) if with_val else None)
+         for i, split in enumerate(splits)], weights, names, sizes, seed)
+    return mix(0, True, global_batch_size), (mix(1, False, final) if with_val else None)
 
 
 def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:

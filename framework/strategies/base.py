@@ -84,6 +84,9 @@ class Strategy:
     precision_note = ""
     #: why trainer.compile cannot work under this strategy ("" = it can)
     compile_note = ""
+    #: why this strategy cannot change a step's micro-batches mid-run, for trainer.on_oom=retry and
+    #: trainer.rampup_batch_size ("" = it can: plan_batches)
+    batch_change_note = ""
 
     # ---- what the planner reads (framework/plan asks these, never a strategy's name) ------------
     #: how the data-parallel ranks hold the model states: "replicate" (each a whole copy, gradients
@@ -206,6 +209,7 @@ class Strategy:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device = self._pick_device()
         self._grad_bytes = 0
+        self._host_group = None
 
     def _pick_device(self) -> torch.device:
         want = self.cfg.device
@@ -249,6 +253,34 @@ class Strategy:
         """Clip (0 = measure only), step optimizer and LR schedule, zero gradients; return the grad norm
         as a 0-d tensor (read only on logged steps)."""
         raise NotImplementedError
+
+    def plan_batches(self, layout: BatchLayout) -> None:
+        """Before a step whose batch layout differs from the previous step's (a step of a batch-size ramp,
+        micro-batches halved after an out-of-memory error). Here nothing: forward_backward takes whatever
+        micro-batches it is handed."""
+
+    def drop_step(self) -> None:
+        """Forget a step that failed part-way (out of memory): its gradients, and the memory the CUDA
+        allocator keeps cached, so that the step can run again with smaller micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def first_report(self, report: str | None) -> str | None:
+        """The report of the lowest rank that has one (None: no rank has); every rank calls it. Agreed among
+        the hosts over gloo, so that no rank waits for its device: one flag, and the reports only where one is."""
+        if not dist.is_initialized():
+            return report
+        if self._host_group is None:
+            self._host_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        vote = torch.tensor([int(report is not None)])
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._host_group)
+        if not vote.item():
+            return None
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report, group=self._host_group)
+        return next(r for r in reports if r is not None)
 
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:

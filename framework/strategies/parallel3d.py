@@ -229,12 +229,20 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
 
         self.schedule = None
         if self.dims.pp > 1:
-            self.schedule = build_schedule(cfg.parallel.pp_schedule, modules, self.stage_ids, self.num_stages,
-                                           self.batch_layout(cfg, self.world_size).pipeline_microbatches,
-                                           lambda output, target: self._loss_fn(output, target),
-                                           self.mesh.pp.get_group(), self.device)
+            self._build_schedule(self.batch_layout(cfg, self.world_size).pipeline_microbatches)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def _build_schedule(self, microbatches: int) -> None:
+        self.schedule = build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,
+                                       microbatches, lambda output, target: self._loss_fn(output, target),
+                                       self.mesh.pp.get_group(), self.device)
+        self.schedule_microbatches = microbatches
+
+    def plan_batches(self, layout: BatchLayout) -> None:
+        """A pipeline's schedule runs a fixed number of micro-batches: a new number gets a new schedule."""
+        if self.schedule is not None and layout.pipeline_microbatches != self.schedule_microbatches:
+            self._build_schedule(layout.pipeline_microbatches)
 
     def sharding(self, mesh_dims: ParallelDims) -> ShardingPlan:
         """FSDP2 over the data-parallel dims, with the same mixed-precision policy as parallel=fsdp."""

@@ -49,6 +49,8 @@ class DeepSpeedStrategy(Strategy):
     activation_checkpointing = AC_MODES
     compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
                     "drive yet; parallel=fsdp zero=stage3 compiles per block")
+    batch_change_note = ("its engine fixes train_micro_batch_size_per_gpu and gradient_accumulation_steps when it "
+                         "starts; parallel=fsdp shards alike and can")
     # what the planner reads: ZeRO's flat partitions; stage1 reduces the gradients into the rank's
     # partition as stage2 does, every micro-batch
     dp_sharding = "flat"
