@@ -33,6 +33,9 @@ RUN_BY = [
     ("--help", "tests/test_config_reference.py"),
     ("--cfg job", "tests/test_config_reference.py"),
     ("python -m framework.reference", "tests/test_config_reference.py"),
+    ("logging.trackers=", "tests/test_howto_commands.py"),           # against the session's mlflow server
+    ("trainer.on_oom=", "tests/test_howto_commands.py"),
+    ("trainer.rampup_batch_size=", "tests/test_howto_commands.py"),
 ]
 
 #: marker -> what a command holding it needs that CI does not have

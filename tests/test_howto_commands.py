@@ -1,41 +1,29 @@
-"""Every `python -m framework ...` line of the how-to pages this file names runs as written (with the
-environment assignments before it), from a directory other than the checkout, shortened to 2 steps.
-MLFLOW_TRACKING_URI points at the session's own server, as the page's `export` line does at the one it starts."""
+"""The how-to commands that need this session's MLflow server or check a production feature run as written
+(the environment assignments before them too), from a directory other than the checkout, shortened to 2 steps
+(tests/docs_commands.py RUN_BY names them). MLFLOW_TRACKING_URI points at the session's own server, as the
+page's `export` line does at the one it starts."""
 import json
 import math
 import os
-import re
 import shlex
 import sys
 
 import pytest
 
+from tests import docs_commands
 from tests.helpers import REPO, run_in_own_session
-from tests.test_readme_commands import SHORTEN
+from tests.test_docs_commands import SHORTEN
 
-PAGES = ("docs/how-to/tracking.md", "docs/how-to/production.md")
-
-
-def page_commands(page: str) -> list[str]:
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", (REPO / page).read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if re.match(r"^([A-Z_]+=\S+ )*python -m framework( |$)", line):
-                commands.append(line)
-    return commands
-
-
-COMMANDS = [(page, command) for page in PAGES for command in page_commands(page)]
+COMMANDS = docs_commands.run_by(__file__)
 
 
 def test_the_pages_show_the_commands_this_module_runs():
-    assert [page for page, _ in COMMANDS] == [PAGES[0], PAGES[0], PAGES[1], PAGES[1]]
+    assert {c.page for c in COMMANDS} == {"docs/how-to/tracking.md", "docs/how-to/production.md"} and len(COMMANDS) >= 4
 
 
-@pytest.mark.parametrize("page,command", COMMANDS, ids=[c for _, c in COMMANDS])
-def test_howto_command_runs(tmp_path, mlflow_server, page, command):
-    words = shlex.split(command)
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.text[-60:])
+def test_howto_command_runs(tmp_path, mlflow_server, command):
+    words = shlex.split(command.text)
     assignments = dict(w.split("=", 1) for w in words[:words.index("python")])
     args = words[words.index("python") + 3:]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": mlflow_server,
