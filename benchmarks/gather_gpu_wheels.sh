@@ -4,8 +4,8 @@
 # .gpu_results/, where an earlier call's results are carried back for the planner stage), and the commit
 # these files are at into .whl/COMMIT (the GPU machine gets the working tree without .git).
 # The machine's image has torch 2.11+cu130, Python 3.12, transformers, tokenizers, safetensors, tensorboard,
-# tqdm, numpy, pyyaml, packaging, psutil, py-cpuinfo, msgpack, ninja, nvidia-ml-py, but no hydra,
-# omegaconf, deepspeed, pydantic or torchao. Wheels already in .whl/ are kept; rerun it before each
+# tqdm, numpy, pyyaml, packaging, psutil, py-cpuinfo, msgpack, ninja, einops, but no hydra, omegaconf,
+# deepspeed, pydantic or torchao (typing-extensions comes too: pydantic-core needs 4.14 or newer). Wheels already in .whl/ are kept; rerun it before each
 # session to refresh the commit. benchmarks/gpu_session.sh installs them there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ binary="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp 
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl"
 # shellcheck disable=SC2086
 "$py" -m pip download -q $binary hydra-core==1.3.2 omegaconf==2.3.0 pydantic==2.12.5 pydantic-core==2.41.5 \
-    annotated-types typing-inspection hjson torchao==0.18.0
+    annotated-types typing-inspection "typing-extensions>=4.14.1" hjson torchao==0.18.0
 # pure-Python projects published as source only: built into wheels here (DeepSpeed without its C++ ops,
 # which the framework does not use on one GPU; DS_BUILD_OPS=0)
 have() { ls .whl/"$1"-*.whl >/dev/null 2>&1; }

@@ -22,7 +22,7 @@ have_all() {   # found, not imported: importing deepspeed alone takes seconds
     "$py" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))' \
         "${needed[@]}"
 }
-site=/tmp/site
+site=${GPU_SESSION_SITE:-/tmp/site}     # where the wheels go: outside the tree, which a device call re-sends
 if ! have_all; then
     if ! PYTHONPATH="$site:$PYTHONPATH" have_all; then
         if ! ls .whl/*.whl >/dev/null 2>&1; then
