@@ -41,8 +41,8 @@ def plan_job(name: str, measured: dict | None) -> Job:
             row = run.earlier(name)
             if row is None or not row.get("trace_s"):
                 return
-        args = [*job.args(run.dry_run), f"device={run.device}"]
-        done = run_process([sys.executable, "-m", "framework.plan", "--json", *args], run.left_s())
+        done = run_process([sys.executable, "-m", "framework.plan", "--json", *run.overrides(job.args(run.dry_run))],
+                           run.left_s())
         if not done.ok:
             run.failed(f"plan {name}", done)
             return

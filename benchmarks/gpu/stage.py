@@ -127,11 +127,15 @@ class StageRun:
         for tail in fields.get("log_tail") or ():
             self.session.say(f"    | {tail}")
 
+    def overrides(self, args: list[str]) -> list[str]:
+        """A job's whole command line: QUIET, this stage's device, then ARGS."""
+        return [*QUIET, f"device={self.device}", *args]
+
     def framework(self, job: str, args: list[str], run_dir: Path | None = None) -> Finished:
-        """`python -m framework` on this stage's device with QUIET and ARGS, within what is left of the stage;
-        its run dir (by default one named after the job) stays in the stage's scratch folder until the stage ends."""
+        """`python -m framework` with overrides(ARGS), within what is left of the stage; its run dir (by
+        default one named after the job) stays in the stage's scratch folder until the stage ends."""
         run_dir = run_dir or self.scratch / job.replace(" ", "_")
-        return run_framework([*QUIET, f"device={self.device}", *args], run_dir, self.left_s())
+        return run_framework(self.overrides(args), run_dir, self.left_s())
 
     def failed(self, job: str, done: Finished, **fields) -> None:
         self.row(job, error=done.failure(), log_tail=done.tail(), wall_s=round(done.wall_s, 1), **fields)
