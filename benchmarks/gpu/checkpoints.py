@@ -56,22 +56,22 @@ def async_saves(layout: str) -> Job:
     name = f"{layout} async saves"
 
     def measure(run: StageRun) -> None:
-        from framework.checkpoint.manager import step_dir_name
+        from framework.checkpoint.manager import complete_checkpoints
         done = run.framework(name, _args(run, layout, "checkpoint.enabled=true", "checkpoint.async_save=true",
                                          f"checkpoint.interval={INTERVAL}", "checkpoint.keep_last=3"),
                              run_dir=_async_dir(run, layout))
-        saves = sorted(p.name for p in (_async_dir(run, layout) / "checkpoints").glob("step_*"))
-        expected = [step_dir_name(s) for s in range(INTERVAL, STEPS + 1, INTERVAL)]
+        saves = [Path(p) for p in complete_checkpoints(str(_async_dir(run, layout) / "checkpoints"))]
+        steps = [int(p.name.split("_")[-1]) for p in saves]
         if not done.ok:
-            run.failed(name, done, saves=saves)
+            run.failed(name, done, saves=",".join(map(str, steps)))
             return
-        run.row(name, saves=",".join(str(int(s.split("_")[-1])) for s in saves), all_saves=saves == expected,
+        run.row(name, saves=",".join(map(str, steps)), all_saves=steps == list(range(INTERVAL, STEPS + 1, INTERVAL)),
                 tokens_per_sec=_tokens_per_sec(done.records), save_s=sum(r.get("save_time", 0.0) for r in done.records),
                 wall_s=round(done.wall_s, 1))
         previous = None
-        for save in saves:
-            fields, previous = check_save(_async_dir(run, layout) / "checkpoints" / save, previous)
-            run.row(f"{layout} save step {int(save.split('_')[-1])}", **fields)
+        for step, path in zip(steps, saves):
+            fields, previous = check_save(path, previous)
+            run.row(f"{layout} save step {step}", **fields)
     return Job(name, 30 if layout == "single" else 35, measure, dry=layout == "single")
 
 
