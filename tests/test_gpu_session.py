@@ -130,6 +130,16 @@ def test_the_tables_render_a_row_per_job_of_every_stage(results):
                 assert f"| {line['job']} |" in text, (stage, line["job"])
 
 
+def test_a_failed_row_renders_with_its_error_and_log_lines(tmp_path):
+    lines = [{"kind": "env", "stage": "float8", "dry_run": False, "gpu": "H100", "torch": "2.11", "commit": "abc"},
+             {"kind": "row", "stage": "float8", "job": "float8 compile", "error": "exit 1: RuntimeError: boom",
+              "log_tail": ["Traceback (most recent call last):", "RuntimeError: boom"]}]
+    (tmp_path / "float8.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = tables([tmp_path])
+    assert "H100, torch 2.11, commit `abc`" in text and "| failed: exit 1: RuntimeError: boom |" in text
+    assert "```text\nTraceback (most recent call last):\nRuntimeError: boom\n```" in text
+
+
 def _fake_stage(name: str, jobs: list[Job]) -> Stage:
     return Stage(name, "a test stage", (Column("value", "value"),), lambda session: jobs)
 

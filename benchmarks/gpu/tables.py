@@ -1,5 +1,5 @@
 """The GPU session's results as the Markdown tables docs/benchmarks/gpu-session.md holds, one per stage, each
-under the device, torch and commit it ran on:
+under the device, torch and commit it ran on, and under it the last log lines of each row that failed:
 
     python -m benchmarks.gpu.tables DIR [DIR ...]
 
@@ -37,6 +37,9 @@ def table(stage: Stage, lines: list[dict]) -> str:
         for row in rows:
             cells = [str(col.show(row.get(col.key))).replace("|", "/") for col in stage.columns]
             out.append(f"| {row['job']} | " + " | ".join(cells) + f" | {_note(row)} |")
+    for row in rows:
+        if row.get("log_tail"):
+            out += ["", f"`{row['job']}`, the last lines of its log:", "", "```text", *row["log_tail"], "```"]
     return "\n".join(out)
 
 
