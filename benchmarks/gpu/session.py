@@ -21,12 +21,12 @@ from pathlib import Path
 from benchmarks.gpu import checkpoints, float8_speed, honest, kernels, planner
 from benchmarks.gpu.processes import device_description
 from benchmarks.gpu.stage import STAGE_LIMIT_S, Session, Stage, run_stage, skip_stage
+from framework.exit_codes import USAGE
 
 #: highest value first (issue 45): honest numbers, checkpoints and determinism, float8 / cp / MoE, the planner
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (*honest.STAGES, checkpoints.STAGE, float8_speed.STAGE,
                                                             kernels.STAGE, planner.STAGE)}
 GROUPS = {"honest": [stage.name for stage in honest.STAGES], "all": list(STAGES)}
-USAGE = 2
 
 
 def chosen(names: list[str]) -> list[Stage]:
