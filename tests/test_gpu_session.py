@@ -19,7 +19,8 @@ from benchmarks.gpu.tables import tables
 from tests.helpers import REPO
 
 #: each a session of its own; the planner's follows honest_single's in one, so it finds the measured row
-CHAINS = (("honest_single", "planner"), ("checkpoints",), ("honest_fsdp", "honest_ddp"), ("float8", "kernels"))
+CHAINS = (("honest_single", "planner"), ("checkpoints",), ("honest_fsdp", "honest_ddp", "honest_deepspeed"),
+          ("float8", "kernels"))
 PAGE = REPO / "docs" / "benchmarks" / "gpu-session.md"
 
 
@@ -48,8 +49,8 @@ def _rows(stages, stage: str) -> dict[str, dict]:
     lines = stages[stage]
     assert lines[0]["kind"] == "env" and lines[0]["dry_run"] is True and lines[0]["commit"], lines[0]
     rows = {line["job"]: line for line in lines if line["kind"] == "row"}
-    failed = {job: row.get("error") or row.get("skipped") for job, row in rows.items()
-              if row.get("error") or row.get("skipped")}
+    failed = {job: row.get("error") or row.get("skipped") or row.get("refused") for job, row in rows.items()
+              if row.get("error") or row.get("skipped") or (row.get("refused") and job != "ds_z3 compile")}
     assert not failed, failed
     return rows
 
@@ -73,6 +74,11 @@ def test_honest_rows_hold_the_reported_step_against_the_trace_with_mfu(results, 
         assert row["reported_over_trace"] == pytest.approx(row["reported_s"] / row["trace_s"])
         assert 0.5 < row["reported_over_trace"] < 2, row
         assert row["tokens_per_sec"] > 0 and row["mfu"] > 0 and row["allocated_gib"] > 0
+
+
+def test_deepspeed_refuses_compile_before_launch_and_its_row_says_so(results):
+    row = _rows(results[0], "honest_deepspeed")["ds_z3 compile"]
+    assert row["refused"].startswith("exit 2: error: trainer.compile: ") and "DeepSpeed" in row["refused"], row
 
 
 def test_the_plain_loop_row_holds_the_framework_over_plain_ratio(results):
@@ -175,6 +181,8 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, capsys):
     assert gpu_session.main(["--out", str(tmp_path), "no_such_stage"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown stage 'no_such_stage'")
     assert gpu_session.main(["honest"]) == 2
+    assert gpu_session.main(["--out", str(tmp_path), "all"]) == 2          # more stages than files come back
+    assert "at most 7" in capsys.readouterr().err
     assert gpu_session.main(["--out", str(tmp_path), "honest"]) == 2       # no GPU here and no --dry-run
     assert "no GPU here" in capsys.readouterr().err
 

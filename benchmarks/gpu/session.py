@@ -4,7 +4,8 @@ which benchmarks/gpu_session.sh sets before it installs the wheels).
     python -m benchmarks.gpu.session --out DIR [--seconds 540] [--dry-run] [--reuse DIR ...] STAGE ...
     python -m benchmarks.gpu.session --list
 
-STAGE is a stage's name, `honest` (its three stages) or `all` (every stage, highest value first). A stage
+STAGE is a stage's name, `honest` (its four stages) or `all` (every stage, highest value first; a GPU call
+runs at most 7, since the device tool brings back 8 files). A stage
 whose estimate does not fit in what is left is skipped with a line saying so; one that starts runs at most
 four minutes. Each stage prints its table as its jobs finish and appends its rows to DIR/<stage>.jsonl;
 everything printed also goes to DIR/session.log. --dry-run runs every stage on this machine's CPU at tiny
@@ -27,6 +28,7 @@ from framework.exit_codes import USAGE
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (*honest.STAGES, checkpoints.STAGE, float8_speed.STAGE,
                                                             kernels.STAGE, planner.STAGE)}
 GROUPS = {"honest": [stage.name for stage in honest.STAGES], "all": list(STAGES)}
+MAX_STAGES = 7          # a device call brings back 8 files: one .jsonl a stage, and session.log
 
 
 def chosen(names: list[str]) -> list[Stage]:
@@ -91,6 +93,10 @@ def main(argv: list[str]) -> int:
         return USAGE
     if not stages or opts.out is None:
         print("error: name --out DIR and at least one stage (--list shows them)", file=sys.stderr)
+        return USAGE
+    if not opts.dry_run and len(stages) > MAX_STAGES:
+        print(f"error: {len(stages)} stages in one call; at most {MAX_STAGES}: the device tool brings back 8 files, "
+              f"one a stage and the log", file=sys.stderr)
         return USAGE
     environment = device_description()
     if not opts.dry_run and environment["gpu"] is None:
