@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU session in one command, run from the repository's root on the GPU machine:
 #
-#   bash benchmarks/gpu_session.sh --seconds 540 --out "$OUT/results" honest checkpoints
+#   bash benchmarks/gpu_session.sh --seconds 570 --out "$OUT/results" honest_single honest_fsdp kernels
 #
 # Installs the wheels benchmarks/gather_gpu_wheels.sh gathered into .whl/ (carried to the machine, which has
 # torch but no registry) where the packages are not importable yet, then runs the named stages
 # (benchmarks/gpu/session.py; `--list` shows them with their estimates) within --seconds counted from
 # now, the install included. A stage that would not fit in what is left is skipped with a line saying so.
-# Each stage prints its table as its jobs finish and appends its rows to OUT_DIR/<stage>.jsonl; the
-# console also goes to OUT_DIR/session.log. `--dry-run` runs every stage on this machine's CPU at tiny
+# Each stage prints its table as its jobs finish and appends its rows to <out>/<stage>.jsonl; the
+# console also goes to <out>/session.log (docs/benchmarks/gpu-session.md: the calls, and the tables). `--dry-run` runs every stage on this machine's CPU at tiny
 # sizes (tests/test_gpu_session.py does). The project runs from source (PYTHONPATH), not pip install -e:
 # the machine's torch is not the one pyproject.toml pins for CI.
 set -uo pipefail

@@ -5,9 +5,8 @@ which benchmarks/gpu_session.sh sets before it installs the wheels).
     python -m benchmarks.gpu.session --list
 
 STAGE is a stage's name, `honest` (its four stages) or `all` (every stage, highest value first; a GPU call
-runs at most 7, since the device tool brings back 8 files). A stage
-whose estimate does not fit in what is left is skipped with a line saying so; one that starts runs at most
-four minutes. Each stage prints its table as its jobs finish and appends its rows to DIR/<stage>.jsonl;
+runs at most 7, since the device tool brings back 8 files). A stage whose estimate does not fit in what is
+left is skipped with a line saying so; one that starts runs at most four minutes. Each stage prints its table as its jobs finish and appends its rows to DIR/<stage>.jsonl;
 everything printed also goes to DIR/session.log. --dry-run runs every stage on this machine's CPU at tiny
 sizes (the code the GPU runs, with a model of a few thousand parameters and no compilation).
 """
