@@ -40,12 +40,15 @@ TOLERANCES: dict[str, Kind] = {
     "fp32-distributed": Kind(1e-5, "the same fp32 math summed in another order: over ranks, shards, "
                                    "tensor-parallel splits, pipeline stages, micro-batches (ddp, zero1, fsdp "
                                    "zero2/3, hsdp, fsdp x4, fsdp offload, 3d tp2/sp/pp2/2x2x2, deepspeed zero "
-                                   "0-3 and CPU-offloaded Adam, torch's or DeepSpeedCPUAdam); measured <= 9.5e-8 "
-                                   "/ 1.9e-7 / 1.9e-7; a gradient sum instead of a mean is a grad-norm error of "
-                                   "1.0 (and a loss error of 7e-5)", 1e-5),
-    "fp32-implementation": Kind(1e-5, "another implementation of the same fp32 model and step (transformers' "
-                                      "modules against ours, a plain training loop): other op orders; measured "
-                                      "<= 3.0e-7 / 5.3e-7", 1e-5),
+                                   "0-3 and CPU-offloaded Adam, torch's or DeepSpeedCPUAdam; transformers' Llama "
+                                   "and GPT-2 under fsdp and deepspeed); measured <= 9.5e-8 / 4.4e-7 / 1.1e-6 "
+                                   "(GPT-2's key biases move on rounding noise alone); a gradient sum instead of "
+                                   "a mean is a grad-norm error of 1.0 (and a loss error of 7e-5)", 1e-5),
+    "fp32-implementation": Kind(1e-5, "another implementation of the same fp32 model and step (a plain "
+                                      "transformers training loop against model=hf, transformers' Llama against "
+                                      "ours from the same weights): other op orders; measured <= 1.0e-7 / 1.8e-7 "
+                                      "(no final weights: the plain loop saves none, the two Llamas name theirs "
+                                      "apart)", 1e-5),
     "fp32-compiled": Kind(1e-5, "torch.compile's generated kernels fuse and reorder the sums (single, ddp, 3d "
                                 "tp2); measured <= 9.5e-8 / 1.5e-7 / 1.6e-7", 1e-5),
     "fp16-comm": Kind(5e-4, "gradients rounded to fp16 for the all-reduce (parallel.comm_hook=fp16); measured "
