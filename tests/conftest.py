@@ -1,3 +1,6 @@
+import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +15,21 @@ from tests.helpers import FAST, check_ok, losses, run_framework
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8
 CHECKPOINTED = ("checkpoint.enabled=true", "checkpoint.interval=4")
 
+#: a JSON file {"<a run's arguments, joined by spaces>": run dir} of runs a session may read instead of
+#: training them: tests/test_planted_bugs.py hands its clean runs to the sessions it starts with a bug
+#: planted, which must not train their references with the bug
+REUSE = "FRAMEWORK_TEST_REUSE_RUNS"
+
 #: the runs trained (or reused) in this session for the fixtures below: arguments -> run dir
 RUNS: dict[tuple[str, ...], Path] = {}
 
 
 def shared_run(tmp_path_factory, args: tuple[str, ...]) -> Path:
     """Run dir of `python -m framework ARGS`, trained once per session (tests must not write into it)."""
+    if args not in RUNS and os.environ.get(REUSE):
+        found = json.loads(Path(os.environ[REUSE]).read_text()).get(" ".join(args))
+        if found:
+            RUNS[args] = Path(found)
     if args not in RUNS:
         run_dir = tmp_path_factory.mktemp("run")
         check_ok(run_framework(list(args), run_dir))
@@ -59,3 +71,14 @@ def compose_config():
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
 
+
+def pytest_terminal_summary(terminalreporter):
+    """tests/test_planted_bugs.py's report: each planted bug and the tests that caught it."""
+    planted = sys.modules.get("tests.test_planted_bugs")
+    if planted is None or not planted.CAUGHT:
+        return
+    terminalreporter.section("planted bugs and the tests that caught them")
+    for bug, caught in planted.CAUGHT.items():
+        terminalreporter.write_line(f"{bug}: " + ("NOT CAUGHT" if not caught else ""))
+        for test, how in caught.items():
+            terminalreporter.write_line(f"    {test}: {how}")

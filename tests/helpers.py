@@ -112,7 +112,8 @@ def assert_planned_model_states(run_dir: Path) -> None:
 def counters_env(run_dir: Path) -> dict:
     """Env that loads tests/fixtures/counters/sitecustomize.py into every process of a job: each rank then
     writes what it handed to collectives and what autograd saved, per step, under RUN_DIR/counters."""
-    path = os.pathsep.join(p for p in (str(REPO / "tests" / "fixtures" / "counters"), os.environ.get("PYTHONPATH"))
+    # after the path the tests run with: a sitecustomize there (tests/fixtures/planted) runs this one too
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO / "tests" / "fixtures" / "counters"))
                            if p)
     return {"FRAMEWORK_TEST_COUNTERS": str(Path(run_dir) / "counters"), "PYTHONPATH": path}
 
