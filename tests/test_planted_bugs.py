@@ -24,8 +24,8 @@ CAUGHT_BY = {
     "parallel3d-sum": ["tests/test_parallel3d.py::test_layout_matches_single[dp2_tp2_zero_none]"],
     "deepspeed-sum": ["tests/test_deepspeed.py::test_fp32_loss_parity_with_single[stage1]"],
     "tp-allreduce-dropped": ["tests/test_parallel3d.py::test_layout_matches_single[tp2]"],
-    "rank-reads-another-shard": ["tests/test_data.py::test_global_batch_is_identical_whatever_the_dp_degree[2]",
-                                 "tests/test_parity_ddp.py::test_ddp_two_workers_matches_single"],
+    # the sampler's own test, in the pytest process (test_parity_ddp catches it too: a grad norm off by 0.33)
+    "rank-reads-another-shard": ["tests/test_data.py::test_global_batch_is_identical_whatever_the_dp_degree[2]"],
     "resume-off-by-one": [RESUME],
     "optimizer-state-not-restored": [RESUME],
     "rng-state-not-restored": ["tests/test_hf_models.py::test_resume_with_dropout_is_exact"],
