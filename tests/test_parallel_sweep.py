@@ -3,9 +3,9 @@
 of a lone run."""
 import pytest
 
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import FAST, check_ok, losses, run_framework
+from tests.parity import assert_parity
 
-TOL = 1e-5
 ARGS = [a for a in FAST if not a.startswith(("logging.trackers", "checkpoint.enabled"))]
 
 
@@ -19,10 +19,9 @@ def sweep(tmp_path_factory):
 
 
 @pytest.mark.parametrize("point", [0, 1])
-def test_parallel_points_keep_their_own_files_and_losses(sweep, single_reference, point):
+def test_parallel_points_keep_their_own_files_and_losses(sweep, reference_run, point):
     run_dir = sweep / str(point)
-    got = losses(run_dir)
-    assert len(got) == 8
-    assert max_rel_diff(single_reference(f"seed={point}"), got) <= TOL
+    assert len(losses(run_dir)) == 8
+    assert_parity(run_dir, reference_run(f"seed={point}"))
     assert len(list((run_dir / "tensorboard").iterdir())) == 1
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_00000008"]

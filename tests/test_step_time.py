@@ -11,7 +11,7 @@ from framework.metrics.interval import APART, LogInterval
 from framework.metrics.trace_steps import trace_step_times
 from tests.helpers import FAST, check_ok, read_metrics, run_framework
 
-WAIT_S = 0.05
+WAIT_S = 0.1
 JOBS = {   # log_every -> (steps, the profiled steps = one log interval's, eval and checkpoint steps)
     1: (10, (5, 8), ["trainer.eval_every=9", "checkpoint.interval=9"]),
     10: (22, (11, 20), ["trainer.eval_every=21", "checkpoint.interval=21"]),
@@ -101,7 +101,10 @@ def test_step_time_holds_the_wait_between_steps_as_the_trace_does(jobs, log_ever
     covered = [(r["step"] - p["step"], r["step_time"]) for p, r in zip(records, records[1:])
                if p["step"] + 1 >= first and r["step"] <= last]
     reported = sum(n * t for n, t in covered) / sum(n for n, _ in covered)
-    assert reported == pytest.approx(trace["host"], rel=0.05), (reported, trace)
+    # The records' windows (end of one record to the end of the next) and the trace's (start of a step to
+    # the start of the next) are offset by part of a step, which a loaded machine stretches at random: held
+    # to half the wait, a step_time that left the wait out (or counted it twice) still fails.
+    assert abs(reported - trace["host"]) < WAIT_S / 2, (reported, trace)
 
 
 @pytest.mark.parametrize("log_every", sorted(JOBS))

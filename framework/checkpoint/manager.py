@@ -115,18 +115,36 @@ def check_compatible(path: str, cfg, strategy_format: str) -> dict:
     return meta
 
 
+def damage(path: str) -> str | None:
+    """What is wrong with the first of a checkpoint's files that differs from its manifest (None: all
+    match, or a checkpoint saved before manifests)."""
+    manifest = read_meta(path).get("files")
+    return first_damage(path, manifest) if manifest is not None else None
+
+
+def newest_intact_beside(path: str) -> str | None:
+    """The newest other complete checkpoint in path's directory whose files all match its manifest."""
+    root = os.path.dirname(os.path.abspath(path))
+    for other in reversed(complete_checkpoints(root)):
+        if os.path.abspath(other) == os.path.abspath(path):
+            continue
+        try:
+            if damage(other) is None:
+                return other
+        except CheckpointError:
+            continue
+    return None
+
+
 def check_intact(path: str) -> None:
     """Refuse a checkpoint whose files differ from its manifest, naming the newest intact one beside it."""
-    manifest = read_meta(path).get("files")
-    damage = first_damage(path, manifest) if manifest is not None else None
-    if damage is None:
+    found = damage(path)
+    if found is None:
         return
-    root = os.path.dirname(os.path.abspath(path))
-    older = [p for p in complete_checkpoints(root) if os.path.abspath(p) != os.path.abspath(path)]
-    intact = next((p for p in reversed(older) if first_damage(p, read_meta(p).get("files") or {}) is None), None)
+    intact = newest_intact_beside(path)
     advice = (f"the newest intact checkpoint is {intact}: resume with checkpoint.resume={intact}" if intact
               else "no intact checkpoint is left beside it; start without checkpoint.resume")
-    raise CheckpointError(f"refusing {path}: {damage}; {advice}")
+    raise CheckpointError(f"refusing {path}: {found}; {advice}")
 
 
 def completed_checkpoint(cfg, run_dir: str) -> str | None:

@@ -11,7 +11,7 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
+from framework.checkpoint.manager import CONFIG, CheckpointError, damage, newest_intact_beside, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
 from framework.export.read import READERS
@@ -58,8 +58,13 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     tokenizer_config.json); return the HF config. Nothing is written on error."""
     try:
         meta = read_meta(step_dir)
+        found = damage(step_dir)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    if found is not None:
+        intact = newest_intact_beside(step_dir)
+        raise ExportError(f"refusing {step_dir}: {found}" +
+                          (f"; the newest intact checkpoint beside it is {intact}" if intact else ""))
     if meta.get("format") not in READERS:
         raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
                           f"export reads {' and '.join(READERS)}")

@@ -9,6 +9,7 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework.checkpoint.manager import STATE
@@ -30,7 +31,10 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     state = {"model": model}
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        try:
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
+            raise next(iter(e.failures.values()))[0] from None
     return {name: t.float() for name, t in state["model"].items()}
 
 
