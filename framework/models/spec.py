@@ -158,6 +158,13 @@ class ModelSpec:
         """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
         return 0
 
+    # ---- training -----------------------------------------------------------------------------
+    def batch_statistics(self, model_cfg):
+        """None, or what a model whose training loss reads statistics of the whole global batch gathers them
+        with: an object whose `gathering(device)` context the strategy runs a forward of each of the step's
+        micro-batches in, without gradient, on every rank, before the step's training forwards."""
+        return None
+
     # ---- metrics ------------------------------------------------------------------------------
     def step_metrics(self, model: nn.Module) -> dict:
         """Numbers of the model itself for the last step's metrics record (e.g. MoE expert loads); every

@@ -135,7 +135,7 @@ class MoEFeedForward(nn.Module):
         # scatter_add, not bincount: a fixed output shape, which the planner's fake-tensor pass needs
         counts = torch.zeros(self.args.n_experts, dtype=torch.long, device=x.device).scatter_add_(
             0, ids.flatten(), torch.ones_like(ids.flatten()))
-        aux = balance.observe(self, scores, ids, counts)
+        aux = balance.observe(self, scores, counts)
         # dropless dispatch: each (token, choice) pair in expert order, stable so equal ids keep token order
         order = ids.flatten().argsort(stable=True)
         token_of = order // self.args.top_k

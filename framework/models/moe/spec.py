@@ -39,6 +39,13 @@ class MoESpec(LlamaSpec):
         args = self.args(model_cfg)
         return args.top_k * args.dim
 
+    def batch_statistics(self, model_cfg):
+        """balance=aux_loss counts its expert fractions over the global batch (balance.py)."""
+        args = self.args(model_cfg)
+        if args.balance != "aux_loss" or args.aux_loss_coef <= 0:
+            return None
+        return balance.StepStatistics(args.n_layers, args.n_experts, args.top_k)
+
     def step_metrics(self, model) -> dict:
         last = balance.last_step()
         if not last:
