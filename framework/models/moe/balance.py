@@ -177,9 +177,8 @@ def _after_optimizer_step(optimizer, args, kwargs) -> None:
         shares, aux = tallied
     _LAST.clear()
     _LAST.update(shares=shares.cpu(), aux_loss=aux)
-    layers = list(_LAYERS)
-    if layers and layers[0].args.balance == "bias":
-        for layer in layers:
+    for layer in list(_LAYERS):
+        if layer.args.balance == "bias":
             _move_bias(layer.router.expert_bias, shares[layer.layer_id], layer.args.bias_update_rate)
 
 
