@@ -12,7 +12,8 @@ from framework.config.schema import ActivationCheckpointingConfig
 from framework.loss import cross_entropy, weighted_micro_batch
 from framework.models.moe import balance
 from framework.models.moe.experts import expert_swiglu, has_grouped_mm
-from framework.models.moe.model import MoETransformer, init_parameter
+from framework.models.llama.model import init_parameter
+from framework.models.moe.model import MoETransformer
 from framework.models.moe.spec import SPEC
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
 from tests.helpers import REPO

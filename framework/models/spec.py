@@ -245,11 +245,12 @@ def spec_for_hf(hf_config: dict) -> ModelSpec:
 
 
 def spec_for(model_cfg) -> ModelSpec:
-    """The spec whose model class is `model._target_` or one of its bases; GENERIC if none is."""
+    """The spec whose model class is `model._target_` or its nearest base (a variant's own spec before
+    its base family's: MoETransformer is a Llama); GENERIC if none is."""
     cls = get_class(model_dict(model_cfg)["_target_"])
-    for name in SPECS:
-        spec = spec_named(name)
-        own = spec.model_class()
-        if own is not None and isinstance(cls, type) and issubclass(cls, own):
-            return spec
-    return GENERIC
+    if not isinstance(cls, type):
+        return GENERIC
+    mro = cls.__mro__
+    found = [(mro.index(own), spec) for spec in map(spec_named, SPECS)
+             if (own := spec.model_class()) is not None and own in mro]
+    return min(found, key=lambda pair: pair[0])[1] if found else GENERIC
