@@ -102,6 +102,8 @@ class ModelSpec:
     supports_pipeline = False
     #: MoE layers whose experts parallel.ep may shard (framework/parallel/expert_parallel.py)
     has_experts = False
+    #: names (or dotted suffixes) of the blocks' linears precision=float8 leaves in high precision
+    float8_kept: tuple[str, ...] = ()
 
     def num_layers(self, model_cfg) -> int:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""

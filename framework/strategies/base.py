@@ -365,7 +365,7 @@ class TorchStrategy(Strategy):
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         model = model_factory().to(self.device)
-        convert_float8(model, self.cfg.precision, model_factory.spec.block_classes(model), fsdp=False)
+        convert_float8(model, self.cfg.precision, model_factory.spec, fsdp=False)
         self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)

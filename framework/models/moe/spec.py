@@ -22,6 +22,7 @@ class MoESpec(LlamaSpec):
     hf_model_type = "mixtral"
     args_class = MoEArgs
     has_experts = True
+    float8_kept = ("router.gate",)       # its scores pick the experts (torchtitan leaves routers out too)
     adapter = hf_adapter
 
     def config_schema(self) -> type:
