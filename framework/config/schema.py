@@ -49,7 +49,7 @@ class ParallelConfig:
 class AutoParallelConfig(ParallelConfig):
     """parallel=auto: the planner picks the layout (strategy, zero, degrees, schedule, AC, micro-batch)."""
     name: str = "auto"
-    strategies: list[str] = field(default_factory=lambda: ["single", "ddp", "fsdp", "deepspeed", "3d"])
+    strategies: Optional[list[str]] = None  # the strategies tried; null = every registered one
     top: int = 5                            # layouts printed, best first
 
 
@@ -212,7 +212,7 @@ class LoggingConfig:
 class PlannerConfig:
     device: Optional[str] = None        # h100 | h100_pcie | h200 | a100_40gb | a100_80gb | b200 | mi300x | cpu; null = detected
     nodes: int = 1
-    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else 8 for a GPU from the table
+    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else the world on a CPU, else 8 for a GPU
     check: bool = True                  # refuse (exit 2) a job the plan says cannot fit the device
     time_on_device: bool = True         # python -m framework.plan on a GPU: time the job's blocks there
 
