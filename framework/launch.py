@@ -27,7 +27,7 @@ from framework.checkpoint.manager import (META, CheckpointError, checkpoint_dir,
 from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
-from framework.world import nproc_for_node, under_torchrun, world_size_for
+from framework.world import nproc_for_node, spawned_workers, under_torchrun, world_size_for
 from framework.metrics import trackers
 from framework.metrics.logger import final_value
 from framework.preemption import ignoring, stopping_once_on
@@ -129,16 +129,16 @@ def choose_auto_layout(cfg: DictConfig) -> None:
     """parallel=auto: the planner's fastest layout for this world and device replaces cfg.parallel (and
     zero, activation checkpointing, micro-batch), so the resolved config.yaml holds the layout that ran."""
     from framework.plan.auto import choose_layout
-    from framework.plan.check import planned_device
+    from framework.plan.check import gpus_per_node, planned_device
     from framework.plan.hardware import measured_cpu
     device = planned_device(cfg) or measured_cpu()
     world = world_size_for(cfg, None)
-    per_node = cfg.planner.gpus_per_node or (world if device.name == "cpu" else 8)
-    text, _ = choose_layout(cfg, world, device, per_node)
+    text, _ = choose_layout(cfg, world, device, gpus_per_node(cfg, world, device))
     if is_rank_zero():
         print(text, file=sys.stderr)
-    if cfg.parallel.name in ("fsdp", "3d", "deepspeed") and cfg.launcher.nproc_per_node is None \
-            and not under_torchrun() and discover(os.environ) is None:
+    # the picked strategy would spawn its own default number of workers, not the world it was planned for
+    if cfg.launcher.nproc_per_node is None and not under_torchrun() and discover(os.environ) is None \
+            and spawned_workers(cfg, strategy_class(cfg.parallel.name)) != world:
         cfg.launcher.nproc_per_node = world
 
 

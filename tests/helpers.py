@@ -119,7 +119,8 @@ def counters_env(run_dir: Path) -> dict:
 
 
 def counted(run_dir: Path) -> dict[int, list[dict]]:
-    """rank -> per optimizer step {"comm": {"<group ranks>|<collective>": bytes}, "saved": peak bytes}."""
+    """rank -> per optimizer step {"comm": {"<group ranks>|<collective>": bytes}, "calls": {the same keys: how
+    many calls}, "saved": peak bytes}."""
     out = {}
     for path in sorted((Path(run_dir) / "counters").glob("counters_rank*.json")):
         record = json.loads(path.read_text())

@@ -305,3 +305,24 @@ def test_recomputing_every_other_matmul_is_planned_between_keeping_all_and_full_
         held = [p.per_rank_bytes["activations"] for p in plans]
         assert times[0] < times[1] < times[2], (device.name, times)
         assert held[0] > held[1] > held[2], (device.name, held)
+
+
+def test_parallel_autos_pick_for_a_long_sequence_scaled_down_to_cpu_matches_single(tmp_path, single_reference):
+    """80k tokens a sequence on two 40 GB A100s: what fits is context parallelism with activation checkpointing
+    (a sequence's activations outgrow one device), and auto picks it. That layout, the same degrees, zero
+    stage, checkpointing and micro-batch, on a tiny model and short sequences on the CPU, trains as one
+    process does."""
+    from framework.plan.auto import rank_layouts
+    from framework.plan.hardware import device_named
+    from tests.helpers import FAST, losses, max_rel_diff
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=["parallel=auto", "model=llama_125m", "data=synthetic", "data.seq_len=81920",
+                                           "model.max_seq_len=81920", "precision=bf16", "trainer.global_batch_size=2",
+                                           "trainer.eval_every=0"])
+    pick = rank_layouts(cfg, 2, device_named("a100_40gb"), 2)[0][0]
+    assert dict(pick.parallel).get("cp", 1) > 1 and pick.ac != "none", pick.describe()
+    run_dir = tmp_path / "pick"
+    proc = run_framework([*FAST, *pick.overrides()], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert max_rel_diff(single_reference(), losses(run_dir)) <= 1e-5

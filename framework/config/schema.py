@@ -52,8 +52,7 @@ class ParallelConfig:
 class AutoParallelConfig(ParallelConfig):
     """parallel=auto: the planner picks the layout (strategy, zero, degrees, schedule, AC, micro-batch)."""
     name: str = "auto"
-    # the strategies parallel=auto chooses among
-    strategies: list[str] = field(default_factory=lambda: ["single", "ddp", "fsdp", "deepspeed", "3d"])
+    strategies: Optional[list[str]] = None  # the strategies tried; null = every registered one
     top: int = 5                            # layouts printed, best first
 
 
@@ -230,7 +229,7 @@ class PlannerConfig:
     # h100 | h100_96gb | h100_pcie | h200 | a100_40gb | a100_80gb | b200 | mi300x | cpu; null = detected
     device: Optional[str] = None
     nodes: int = 1                          # nodes to plan for (python -m framework.plan)
-    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else 8 for a GPU from the table
+    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else the world on a CPU, else 8 for a GPU
     check: bool = True                  # refuse (exit 2) a job the plan says cannot fit the device
     time_on_device: bool = True         # python -m framework.plan on a GPU: time the job's blocks there
 

@@ -102,6 +102,8 @@ class ModelSpec:
     supports_pipeline = False
     #: MoE layers whose experts parallel.ep may shard (framework/parallel/expert_parallel.py)
     has_experts = False
+    #: names (or dotted suffixes) of the blocks' linears precision=float8 leaves in high precision
+    float8_kept: tuple[str, ...] = ()
 
     def num_layers(self, model_cfg) -> int:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""
@@ -157,6 +159,13 @@ class ModelSpec:
     def dispatch_elements(self, model_cfg) -> int:
         """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
         return 0
+
+    # ---- training -----------------------------------------------------------------------------
+    def batch_statistics(self, model_cfg):
+        """None, or what a model whose training loss reads statistics of the whole global batch gathers them
+        with: an object whose `gathering(device)` context the strategy runs a forward of each of the step's
+        micro-batches in, without gradient, on every rank, before the step's training forwards."""
+        return None
 
     # ---- metrics ------------------------------------------------------------------------------
     def step_metrics(self, model: nn.Module) -> dict:
@@ -238,11 +247,12 @@ def spec_for_hf(hf_config: dict) -> ModelSpec:
 
 
 def spec_for(model_cfg) -> ModelSpec:
-    """The spec whose model class is `model._target_` or one of its bases; GENERIC if none is."""
+    """The spec whose model class is `model._target_` or its nearest base (a variant's own spec before
+    its base family's: MoETransformer is a Llama); GENERIC if none is."""
     cls = get_class(model_dict(model_cfg)["_target_"])
-    for name in SPECS:
-        spec = spec_named(name)
-        own = spec.model_class()
-        if own is not None and isinstance(cls, type) and issubclass(cls, own):
-            return spec
-    return GENERIC
+    if not isinstance(cls, type):
+        return GENERIC
+    mro = cls.__mro__
+    found = [(mro.index(own), spec) for spec in map(spec_named, SPECS)
+             if (own := spec.model_class()) is not None and own in mro]
+    return min(found, key=lambda pair: pair[0])[1] if found else GENERIC

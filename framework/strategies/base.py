@@ -286,6 +286,19 @@ class Strategy:
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
         raise NotImplementedError
 
+    def gather_batch_statistics(self, micro_batches, loss_fn) -> None:
+        """Where the model's training loss reads statistics of the whole global batch (the spec's
+        batch_statistics: MoE's balance loss), a forward of each micro-batch without gradient gathers them
+        first; a step that is one forward in the world is its own global batch. Every rank calls this at
+        the start of forward_backward."""
+        from framework.models.spec import spec_for
+        if not hasattr(self, "_batch_statistics"):
+            self._batch_statistics = spec_for(self.cfg.model).batch_statistics(self.cfg.model)
+        if self._batch_statistics is None or (self.world_size == 1 and len(micro_batches) <= 1):
+            return
+        with self._batch_statistics.gathering(self.device):
+            self.eval_loss(micro_batches, loss_fn)
+
     @property
     def needs_batches(self) -> bool:
         """False on ranks that take no token batches (inner pipeline stages)."""
@@ -384,7 +397,7 @@ class TorchStrategy(Strategy):
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         model = model_factory().to(self.device)
-        convert_float8(model, self.cfg.precision, model_factory.spec.block_classes(model), fsdp=False)
+        convert_float8(model, self.cfg.precision, model_factory.spec, fsdp=False)
         self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
@@ -436,6 +449,11 @@ class TorchStrategy(Strategy):
         return (t.to(self.device, non_blocking=True) for t in batch)
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
+        return self.accumulate(micro_batches, loss_fn)
+
+    def accumulate(self, micro_batches, loss_fn) -> torch.Tensor:
+        """Forward and backward of each micro-batch in turn, the gradient accumulated."""
         self.model.train()
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)

@@ -227,17 +227,23 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         tied = self.spec.tied_parameters(cfg.model) if self.num_stages > 1 else ()
         self.tied = TiedAcrossStages(modules, tied, self.stage_group, self.device) if tied else None
 
-        self.schedule = None
+        self.schedule = self._forward_schedule = None
         if self.dims.pp > 1:
             self._build_schedule(self.batch_layout(cfg, self.world_size).pipeline_microbatches)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 
+    def _new_schedule(self):
+        return build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,
+                              self.schedule_microbatches, lambda output, target: self._loss_fn(output, target),
+                              self.mesh.pp.get_group(), self.device)
+
     def _build_schedule(self, microbatches: int) -> None:
-        self.schedule = build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,
-                                       microbatches, lambda output, target: self._loss_fn(output, target),
-                                       self.mesh.pp.get_group(), self.device)
+        # a second schedule over the same modules runs the forwards without gradient (evaluation, batch
+        # statistics), made when first needed: torch's schedule infers its shapes again whenever it switches
         self.schedule_microbatches = microbatches
+        self.schedule = self._new_schedule()
+        self._forward_schedule = None
 
     def plan_batches(self, layout: BatchLayout) -> None:
         """A pipeline's schedule runs a fixed number of micro-batches: a new number gets a new schedule."""
@@ -260,7 +266,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
-        self.stages = self.schedule = None
+        self.stages = self.schedule = self._forward_schedule = None
         super().teardown()
 
     # ---- data ---------------------------------------------------------------------------
@@ -305,9 +311,10 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         return self.context.shard_batch(*batch) if self.context is not None else batch
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
         with self.sequence_step():
             if self.schedule is None:
-                return super().forward_backward(micro_batches, loss_fn)
+                return self.accumulate(micro_batches, loss_fn)
             self.model.train()
             return self._run_pipeline(micro_batches, loss_fn, train=True)
 
@@ -333,7 +340,9 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
             if train:
                 self.schedule.step(*args, return_outputs=False, **kwargs)
             else:
-                self.schedule.eval(*args, **kwargs)
+                if self._forward_schedule is None:
+                    self._forward_schedule = self._new_schedule()
+                self._forward_schedule.eval(*args, **kwargs)
         if train and self.tied is not None:
             self.tied.sum_grads()
         local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)

@@ -74,6 +74,7 @@ class _Weights:
 class HFSpec(ModelSpec):
     name = "hf"
     has_hf_layout = True
+    float8_kept = ("gate",)     # the MoE router of Mixtral (block_sparse_moe.gate) and Qwen3-MoE (mlp.gate)
 
     def config_schema(self) -> type:
         return HFModelConfig

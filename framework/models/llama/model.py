@@ -5,6 +5,11 @@ scaled_dot_product_attention and a SwiGLU MLP. Layers live in a ModuleDict keyed
 their index so a pipeline stage can drop the layers it does not own and keep the
 parameter names (and thus checkpoints) of the full model. The embedding, final norm
 and output head may be None on pipeline stages that do not hold them.
+
+A variant is this model with one part swapped, never a copy of it: a subclass names its arguments
+dataclass (`args_class`) and builds a block's attention and feed-forward (`attention`, `feed_forward`),
+and everything else (rotary tables, the chunked loss, the TP plan and pipeline split, compile, export of
+the shared names) is this one code path. The MoE family (framework/models/moe) is one.
 """
 from __future__ import annotations
 
@@ -173,12 +178,15 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    """Pre-norm attention and feed-forward, each added to the residual stream; which attention and which
+    feed-forward are the model's to choose."""
+
+    def __init__(self, args: LlamaArgs, attention: nn.Module, feed_forward: nn.Module):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = attention
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.hidden_dim)
+        self.feed_forward = feed_forward
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -186,11 +194,14 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
+    args_class: type = LlamaArgs
+
     def __init__(self, **kwargs):
         super().__init__()
-        self.args = args = LlamaArgs(**kwargs)
+        self.args = args = self.args_class(**kwargs)
         self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args, self.attention(args, i), self.feed_forward(args, i))
+                                     for i in range(args.n_layers)})
         self.norm: Optional[RMSNorm] = RMSNorm(args.dim, args.norm_eps)
         self.output: Optional[nn.Linear] = nn.Linear(args.dim, args.vocab_size, bias=False)
         if args.tie_embeddings:
@@ -212,6 +223,14 @@ class Llama(nn.Module):
             return deferred_logits(h, self.output, self.args.loss_chunk_tokens)
         return self.output(h).float()
 
+    def attention(self, args, layer_id: int) -> nn.Module:
+        """Block `layer_id`'s attention (a variant may swap it)."""
+        return Attention(args)
+
+    def feed_forward(self, args, layer_id: int) -> nn.Module:
+        """Block `layer_id`'s feed-forward: a SwiGLU MLP (a variant may swap it)."""
+        return FeedForward(args.dim, args.hidden_dim)
+
     def block_classes(self) -> tuple[type, ...]:
         return (TransformerBlock,)
 
@@ -223,11 +242,15 @@ class Llama(nn.Module):
 def init_parameter(tensor: torch.Tensor, name: str, seed: int, n_layers: int, std: float = 0.02) -> None:
     """Fill one full-size parameter from (seed, name) alone, so a rank can fill a shard without the rest.
 
-    Norm weights start at one; output projections (wo, w2) are scaled down with depth as in GPT-2."""
+    Norm weights start at one, routing biases (a mixture of experts' balance=bias) at zero; output
+    projections (wo, w2, the experts' w2) are scaled down with depth as in GPT-2."""
     if name.endswith("norm.weight"):
         tensor.fill_(1.0)
         return
-    scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
+    if name.endswith("expert_bias"):
+        tensor.zero_()
+        return
+    scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight", "experts.w2")) else std
     gen = torch.Generator().manual_seed(param_seed(seed, name))
     if tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.is_contiguous() \
             and not tensor.requires_grad:

@@ -1,5 +1,5 @@
-"""Our MoE decoder as the framework sees it: the one place that joins model, plans, init, HF layout,
-balancing metrics and expert counts (total vs active parameters) for FLOPs and the planner."""
+"""Our MoE decoder as the framework sees it: Llama's spec with the MoE model's arguments, HF layout,
+balancing (statistics pass, metrics) and expert counts (total vs active parameters) for FLOPs and the planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from framework.errors import ConfigError
 from framework.models.llama.spec import LlamaSpec
 from framework.models.moe import balance, hf_adapter
-from framework.models.moe.model import (BALANCES, EXPERT_COMPUTE, SCORE_FUNCS, MoEArgs, MoEBlock, MoETransformer,
-                                        init_parameter)
+from framework.models.moe.model import BALANCES, EXPERT_COMPUTE, SCORE_FUNCS, MoEArgs, MoETransformer
 
 
 @dataclass
@@ -17,13 +16,13 @@ class MoEModelConfig(MoEArgs):
 
 
 class MoESpec(LlamaSpec):
+    """Llama's spec (init, TP plan, pipeline split, loss chunking, rules) with the MoE arguments, the HF
+    layouts of Mixtral and Qwen3-MoE, expert counts and balancing on top."""
     name = "moe"
     hf_model_type = "mixtral"
     args_class = MoEArgs
-    block_class = MoEBlock
-    init_fn = staticmethod(init_parameter)
-    plans = "framework.models.moe.parallelize"
     has_experts = True
+    float8_kept = ("router.gate",)       # its scores pick the experts (torchtitan leaves routers out too)
     adapter = hf_adapter
 
     def config_schema(self) -> type:
@@ -38,6 +37,13 @@ class MoESpec(LlamaSpec):
     def dispatch_elements(self, model_cfg) -> int:
         args = self.args(model_cfg)
         return args.top_k * args.dim
+
+    def batch_statistics(self, model_cfg):
+        """balance=aux_loss counts its expert fractions over the global batch (balance.py)."""
+        args = self.args(model_cfg)
+        if args.balance != "aux_loss" or args.aux_loss_coef <= 0:
+            return None
+        return balance.StepStatistics(args.n_layers, args.n_experts, args.top_k)
 
     def step_metrics(self, model) -> dict:
         last = balance.last_step()

@@ -198,6 +198,7 @@ class DeepSpeedStrategy(Strategy):
             yield t.to(self.dtype) if t.is_floating_point() else t
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
         engine = self.engine
         engine.train()
         n = len(micro_batches)
