@@ -15,6 +15,7 @@ launcher's shape is unit-tested with a plain dict.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -67,17 +68,39 @@ class Node:
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
-    """SLURM's compressed host list -> host names: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
-    hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{i:0{len(lo)}d}")
-    return hosts
+    """SLURM's compressed host list -> host names, in SLURM's order: items split at commas (and white space)
+    outside brackets; in an item each bracket group is a comma list of numbers and ranges, zero padding kept,
+    several groups giving every combination, the first group varying slowest. 'gpu[01-03,07],login1' ->
+    gpu01 gpu02 gpu03 gpu07 login1; 'rack[1-2]-node[01-02]' -> rack1-node01 rack1-node02 rack2-node01 ..."""
+    return [host for item in _hostlist_items(hostlist) for host in _expand_item(item)]
+
+
+def _hostlist_items(hostlist: str) -> list[str]:
+    items, current, depth = [], "", 0
+    for char in hostlist:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth == 0 and (char == "," or char.isspace()):
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [item for item in items + [current] if item]
+
+
+def _expand_item(item: str) -> list[str]:
+    """'rack[1-2]-node[01-02]' -> the names of every combination of its bracket groups."""
+    parts = re.split(r"\[([^\]]*)\]", item)     # text, group, text, group, ..., text
+    choices = [[text] if i % 2 == 0 else _bracket_values(text) for i, text in enumerate(parts)]
+    return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def _bracket_values(group: str) -> list[str]:
+    """'01-03,07' -> 01 02 03 07: a range keeps the width of its first bound."""
+    values = []
+    for part in group.split(","):
+        lo, _, hi = part.strip().partition("-")
+        values += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return values
 
 
 def tasks_per_node(value: str) -> list[int]:
