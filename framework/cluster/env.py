@@ -39,9 +39,12 @@ class Worker:
     master_addr: str
     master_port: int
     job_id: Optional[str] = None
+    own_gpu: bool = False    # the launcher gave each task its own GPU (srun --gpus-per-task, --gpu-bind): the one it sees
 
     def torch_env(self) -> dict[str, str]:
-        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+        # LOCAL_RANK is the GPU index to torch, DeepSpeed and us: a task that sees only its own GPU uses GPU 0
+        local_rank = 0 if self.own_gpu else self.local_rank
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(local_rank),
                 "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
                 "MASTER_PORT": str(self.master_port)}
 
@@ -160,7 +163,7 @@ def _kubeflow(env: Mapping[str, str]) -> Node | Worker | None:
 
 
 def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntasks: str, local_rank: str,
-               nnodes: str, node_id: str, first_host: str) -> Node | Worker | None:
+               nnodes: str, node_id: str, first_host: str, own_gpu: bool = False) -> Node | Worker | None:
     tasks, nodes = _int(env, ntasks) or 1, _int(env, nnodes) or 1
     port = port_for_job(job_id)
     if tasks == nodes == 1:
@@ -168,7 +171,7 @@ def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntas
     if tasks == nodes:   # one task per node: it spawns the node's workers, meeting at the first host
         return Node(source, _int(env, node_id) or 0, nodes, nodes, None, first_host, port, "c10d", job_id)
     return Worker(source, _int(env, rank) or 0, tasks, _int(env, local_rank) or 0,
-                  _local_tasks(env, tasks, nodes, _int(env, node_id)), first_host, port, job_id)
+                  _local_tasks(env, tasks, nodes, _int(env, node_id)), first_host, port, job_id, own_gpu)
 
 
 def discover(env: Mapping[str, str]) -> Node | Worker | None:
@@ -185,8 +188,14 @@ def discover(env: Mapping[str, str]) -> Node | Worker | None:
         hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost")
         return _scheduler(env, "slurm", job_id, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                             "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES",
-                            "SLURM_NODEID", hosts[0])
+                            "SLURM_NODEID", hosts[0], own_gpu=_gpus_bound_per_task(env))
     return _kubeflow(env)
+
+
+def _gpus_bound_per_task(env: Mapping[str, str]) -> bool:
+    """srun --gpus-per-task or --gpu-bind: SLURM shows each task only the GPUs bound to it (variables srun sets
+    only with those options)."""
+    return bool(env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND"))
 
 
 def _safe(name: str) -> str:
