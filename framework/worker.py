@@ -14,7 +14,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from framework import determinism, exit_codes
 from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
-from framework.preemption import Preempted, pass_on, signal_number
+from framework.preemption import Preempted, pass_on, report_requeue, signal_number
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -43,6 +43,8 @@ def run_worker(cfg, run_dir: str) -> None:
                   f"(run again with checkpoint.resume=auto)" if saved else
                   f"preempted: {e}; no checkpoint saved (checkpoint.enabled=false): nothing to resume from",
                   file=sys.stderr)
+        if saved:
+            report_requeue(strategy.rank)
         pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE if saved else 1)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once

@@ -20,7 +20,7 @@ LAYERS = [
     {"trainer", "config_store"},
     {"plan", "worker"},
     {"launch"},
-    {"__main__", "k8s"},
+    {"__main__", "k8s", "torchrun"},
 ]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 PACKAGE = REPO / "framework"
