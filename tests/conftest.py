@@ -52,3 +52,22 @@ def compose_config():
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
+    from tests.servers import start_s3_server
+    server, env = start_s3_server()
+    yield env
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_env, tmp_path_factory):
+    """One Ray cluster for every Ray test of the session (Ray takes seconds to start); its nodes reach the S3
+    server. `.address` is its head, `.reports` the file tests.fixtures.ray_reports writes."""
+    from tests.servers import RayCluster
+    cluster = RayCluster(s3_env, tmp_path_factory.mktemp("ray") / "reports.jsonl")
+    yield cluster
+    cluster.stop()

@@ -11,6 +11,7 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
+from framework import storage
 from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
@@ -26,7 +27,7 @@ class ExportError(ValueError):
 def _model_spec(step_dir: str):
     """(spec, model config) of the checkpoint's model."""
     try:
-        cfg = OmegaConf.load(os.path.join(step_dir, CONFIG))
+        cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG)))
         model = OmegaConf.to_container(cfg.model, resolve=True)
     except Exception as e:
         raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
@@ -60,6 +61,8 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
         meta = read_meta(step_dir)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    except OSError as e:     # a bucket that is not there, an endpoint that does not answer
+        raise ExportError(f"{step_dir}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if meta.get("format") not in READERS:
         raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
                           f"export reads {' and '.join(READERS)}")
@@ -96,7 +99,7 @@ def _fill_special_token_ids(config: dict, tok) -> None:
 def _tokenizer(step_dir: str):
     """The checkpoint's tokenizer, to write beside the weights (None: the run recorded none)."""
     try:
-        data = OmegaConf.load(os.path.join(step_dir, CONFIG)).data
+        data = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).data
         return tokenizers_.of_checkpoint(step_dir, data)
     except tokenizers_.TokenizerError as e:
         raise ExportError(f"{step_dir}: {e}") from None

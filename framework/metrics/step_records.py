@@ -12,8 +12,9 @@ from framework.metrics.summary import run_summary
 
 
 class StepRecords:
-    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int):
+    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int, on_record=None):
         t = cfg.trainer
+        self.on_record = on_record
         self.cfg, self.strategy, self.run_dir, self.first_step = cfg, strategy, run_dir, initial_step
         self.tokens_per_step = t.global_batch_size * cfg.data.seq_len
         self.flops_per_token = flops_per_token
@@ -33,8 +34,11 @@ class StepRecords:
 
     def write(self, record: dict, timing: dict) -> None:
         tokens_per_sec = self.tokens_per_step / timing["step_time"]
-        self.logger.log({**record, **timing, "tokens_per_sec": tokens_per_sec,
-                         "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)})
+        full = {**record, **timing, "tokens_per_sec": tokens_per_sec,
+                "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)}
+        self.logger.log(full)
+        if self.on_record is not None:
+            self.on_record(full)
         self.memory.reset()
 
     def saved(self) -> None:

@@ -1,0 +1,94 @@
+"""launcher.engine=ray against a real Ray cluster the session starts (tests/servers.py): the same jobs as under our
+own launcher give the same losses (ddp x2, fsdp x2), a Ray worker killed mid-run is survived like an elastic
+restart, the metrics reach Ray's controller, keep_best keeps the right checkpoints in a bucket that also holds
+Ray's own files, and a bad address is refused in one line before any work."""
+import json
+
+import pytest
+
+from framework.checkpoint.retention import Saved, kept_steps
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.servers import RAY_CLIENT_ENV, make_bucket
+
+EXACT = 1e-6
+RAY = ["launcher.engine=ray"]
+REPORTS = "launcher.ray.callbacks=[tests.fixtures.ray_reports.RecordReports]"
+
+
+def ray_job(ray_cluster, s3_env, run_dir, *args, env=None):
+    return run_framework([*FAST, *RAY, f"launcher.ray.address={ray_cluster.address}", *args], run_dir, timeout=600,
+                         env={**s3_env, **RAY_CLIENT_ENV, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def ddp_on_ray(ray_cluster, s3_env, tmp_path_factory):
+    """ddp x2 on Ray, evaluating and saving every 2 steps into a bucket, keeping the newest and the 2 best by
+    val_loss, every record also passed to a Ray callback."""
+    bucket = make_bucket(s3_env, "ray-ddp")
+    run_dir = tmp_path_factory.mktemp("ray_ddp")
+    proc = ray_job(ray_cluster, s3_env, run_dir, "parallel=ddp", "checkpoint.enabled=true", "checkpoint.interval=2",
+                   "trainer.eval_every=2", "checkpoint.keep_last=1", "checkpoint.keep_best=2",
+                   f"checkpoint.dir={bucket}/ckpt", REPORTS)
+    check_ok(proc)
+    return run_dir, f"{bucket}/ckpt"
+
+
+def test_ddp_under_ray_gives_our_launchers_losses(ddp_on_ray, trained_run):
+    run_dir, _ = ddp_on_ray
+    assert max_rel_diff(losses(trained_run("parallel=ddp")), losses(run_dir)) <= EXACT
+
+
+def test_every_metrics_record_reaches_rays_controller(ddp_on_ray, ray_cluster):
+    run_dir, _ = ddp_on_ray
+    seen = [json.loads(line)["metrics"] for line in ray_cluster.reports.read_text().splitlines()
+            if json.loads(line)["run_dir"] == str(run_dir)]
+    logged = read_metrics(run_dir)
+    assert [(r["step"], r["loss"]) for r in seen] == [(r["step"], r["loss"]) for r in logged]
+    assert [r["val_loss"] for r in seen if "val_loss" in r] == [r["val_loss"] for r in logged if "val_loss" in r]
+
+
+def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_beside_them(ddp_on_ray, s3_env,
+                                                                                        monkeypatch):
+    from framework import storage
+    run_dir, root = ddp_on_ray
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    scored = [Saved(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
+    expected = {f"step_{s:08d}" for s in kept_steps(scored, keep_last=1, keep_best=2)}
+    best = sorted(scored, key=lambda s: s.score)[:2]
+    assert len(scored) == 4 and expected == {f"step_{s.step:08d}" for s in best} | {"step_00000008"}
+    names = storage.listdir(root)
+    assert {n for n in names if n.startswith("step_")} == expected
+    assert all(storage.isfile(storage.join(root, n, "meta.json")) for n in expected)
+    assert [n for n in names if n.startswith("ray-")], f"Ray's own files are not under {root}: {names}"
+
+
+def test_fsdp_under_ray_gives_our_launchers_losses(ray_cluster, s3_env, tmp_path, trained_run):
+    layout = ["parallel=fsdp", "zero=stage3"]
+    check_ok(ray_job(ray_cluster, s3_env, tmp_path / "run", *layout))
+    assert max_rel_diff(losses(trained_run(*layout)), losses(tmp_path / "run")) <= EXACT
+
+
+def test_a_ray_worker_killed_mid_run_is_restarted_from_the_checkpoint(ray_cluster, s3_env, tmp_path, trained_run):
+    """Rank 1 kills itself at step 6 of the first attempt; Ray (FailureConfig max_failures=1) starts the group
+    again, which resumes from step 4's checkpoint: the losses are the uninterrupted run's, each step once."""
+    run_dir = tmp_path / "run"
+    proc = ray_job(ray_cluster, s3_env, run_dir, "parallel=ddp", "checkpoint.enabled=true", "checkpoint.interval=4",
+                   "launcher.max_restarts=1", env={"FRAMEWORK_FAULT": "step:6:rank=1:attempt=0"})
+    check_ok(proc)
+    assert "fault injected: rank 1 kills itself at step:6 (attempt 0)" in proc.stdout + proc.stderr
+    assert "resuming from" in proc.stdout + proc.stderr
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
+    assert max_rel_diff(losses(trained_run("parallel=ddp")), losses(run_dir)) <= EXACT
+
+
+@pytest.mark.parametrize("address,said", [("127.0.0.1:1", "no Ray cluster answers there"),
+                                          ("nosuchhost.invalid:6379", "no such host"),
+                                          ("just-a-name", "is not host:port")])
+def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, address, said):
+    proc = run_framework([*FAST, *RAY, f"launcher.ray.address={address}"], tmp_path / "run",
+                         env=RAY_CLIENT_ENV, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: launcher.ray.address: ") and said in lines[0], lines
+    assert not (tmp_path / "run").exists()
