@@ -17,6 +17,18 @@ from tests.helpers import REPO
 RAY_STARTUP_S = 180
 
 
+def doc_commands(page: Path, prefix: str = "python -m framework") -> list[str]:
+    """The commands of a docs page's bash blocks that start with `prefix`, continuation lines joined, a pipe
+    into another program and trailing comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].split(" | ", 1)[0].strip()
+            if line.startswith(prefix):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
 def start_s3_server():
     """moto's S3 server in a thread of this process; returns (server, the environment that points clients at it)."""
     from moto.server import ThreadedMotoServer
@@ -29,10 +41,14 @@ def start_s3_server():
 
 
 def make_bucket(env: dict, name: str) -> str:
+    """The bucket `name` on the test's S3 server (made once; later calls find it there)."""
     import boto3
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"]) \
-        .create_bucket(Bucket=name)
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_DEFAULT_REGION"])
+    try:
+        client.create_bucket(Bucket=name)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
     return f"s3://{name}"
 
 

@@ -236,9 +236,10 @@ def validate_retention(cfg) -> None:
                                                   f"of {t.log_every}")
 
 
-def validate_storage(cfg, strategy_cls) -> None:
-    """checkpoint.dir as a URL: a strategy that writes there, and a bucket this process can write to (a probe
-    object, written and deleted), so a missing bucket or a refused access stops the job before any work."""
+def validate_storage(cfg, strategy_cls, probe: bool) -> None:
+    """checkpoint.dir as a URL: a strategy that writes there, and (`probe`: at launch, not where manifests are
+    written for a cluster with credentials of its own) a bucket this process can write to (an object written and
+    deleted), so a missing bucket or a refused access stops the job before any work."""
     c = cfg.checkpoint
     if not storage.is_url(c.dir):
         return
@@ -246,7 +247,7 @@ def validate_storage(cfg, strategy_cls) -> None:
         raise ConfigError("checkpoint.dir", f"parallel={strategy_cls.name} saves through its own engine to a file "
                                             f"system path, not to {c.dir}; use a path (a mounted bucket), or a "
                                             f"strategy that checkpoints through torch.distributed.checkpoint")
-    if c.enabled or c.resume:
+    if probe and (c.enabled or c.resume):
         try:
             storage.check_writable(c.dir)
         except storage.StorageError as e:
@@ -261,7 +262,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
         raise ConfigError("checkpoint.async_save", f"parallel={strategy_cls.name} saves through its own engine, "
                                                    f"not in the background; set checkpoint.async_save=false")
     validate_retention(cfg)
-    validate_storage(cfg, strategy_cls)
+    validate_storage(cfg, strategy_cls, probe=run_dir is not None)
     try:
         if c.resume not in (None, "auto") and not storage.isdir(c.resume):
             raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")

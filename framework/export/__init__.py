@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from framework import storage
-from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
+from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
 from framework.export.read import READERS
@@ -54,9 +54,18 @@ def _check_out_dir(out_dir: str, force: bool) -> None:
                           f"{hf_files.WEIGHTS} and {hf_files.CONFIG}")
 
 
+def newest_step_dir(path: str) -> str:
+    """`path` if it is a checkpoint step dir; if it is a checkpoint dir (checkpoint.dir), its newest complete one."""
+    if storage.isfile(storage.join(path, META)):
+        return path
+    found = complete_checkpoints(path)
+    return found[-1] if found else path
+
+
 def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     """Write out_dir/{model.safetensors, config.json} and the checkpoint's tokenizer (tokenizer.json,
-    tokenizer_config.json); return the HF config. Nothing is written on error."""
+    tokenizer_config.json); return the HF config. Nothing is written on error. `step_dir` may be a path or a
+    URL (s3://...)."""
     try:
         meta = read_meta(step_dir)
     except CheckpointError as e:
