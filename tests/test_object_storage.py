@@ -77,6 +77,30 @@ def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, t
     assert storage.size(f"{root}/step_00000008/state/__0_0.distcp") == len(data)
 
 
+def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp_path, monkeypatch, compose_config):
+    """checkpoint.initial_load=s3://...: validated, and the model built from it, as from the same files on disk
+    (downloaded once into the machine's cache)."""
+    from framework.config.validate import validate
+    from framework.export import export
+    from framework.models.factory import ModelFactory
+    from framework.strategies.registry import strategy_class
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _, root, _ = resumed_from_s3
+    export(f"{root}/step_00000008", str(tmp_path / "hf"))
+    url = f"{make_bucket(in_s3, 'weights')}/tiny-hf"
+    for file in (tmp_path / "hf").iterdir():
+        storage.write_bytes(f"{url}/{file.name}", file.read_bytes())
+    built = {}
+    for where in (url, str(tmp_path / "hf")):
+        cfg = compose_config([*FAST, f"checkpoint.initial_load={where}"])
+        validate(cfg, 1, strategy_class("single"), explicit=set())
+        built[where] = ModelFactory(cfg)().state_dict()
+    assert all(torch.equal(built[url][k], built[str(tmp_path / "hf")][k]) for k in built[url])
+    seeded = ModelFactory(compose_config(FAST))().state_dict()      # the trained weights, not the seeded init
+    assert not all(torch.equal(built[url][k], seeded[k]) for k in seeded)
+    assert len(list((tmp_path / "cache" / "framework" / "downloads").iterdir())) == 1
+
+
 def test_a_missing_bucket_is_one_line_and_exit_2_before_any_work(s3_env, tmp_path):
     proc = run_framework([*FAST, *SAVING, "checkpoint.dir=s3://no-such-bucket/run"], tmp_path / "run", env=s3_env)
     assert proc.returncode == 2, proc.stderr[-3000:]
