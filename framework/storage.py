@@ -10,6 +10,7 @@ listings are read fresh every time (other ranks and processes write under the sa
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -37,6 +38,9 @@ def parent(path: str) -> str:
 def _fs(url: str):
     """(fsspec file system, its path for `url`)."""
     from fsspec.core import url_to_fs
+    # Under Hydra's INFO logging the S3 client would say which endpoint it found on every run
+    for name in ("botocore", "aiobotocore", "s3fs"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
     try:
         return url_to_fs(url)
     except (ImportError, ValueError) as e:      # a protocol whose package is missing, or none fsspec knows
@@ -113,7 +117,10 @@ def modified(path: str) -> float:
 
 
 def open_read(path: str):
-    return open(path, "rb") if not is_url(path) else _fs(path)[0].open(_fs(path)[1], "rb")
+    if not is_url(path):
+        return open(path, "rb")
+    fs, p = _fs(path)
+    return fs.open(p, "rb")
 
 
 def read_bytes(path: str) -> bytes:

@@ -61,13 +61,3 @@ def s3_env():
     server, env = start_s3_server()
     yield env
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def ray_cluster(s3_env, tmp_path_factory):
-    """One Ray cluster for every Ray test of the session (Ray takes seconds to start); its nodes reach the S3
-    server. `.address` is its head, `.reports` the file tests.fixtures.ray_reports writes."""
-    from tests.servers import RayCluster
-    cluster = RayCluster(s3_env, tmp_path_factory.mktemp("ray") / "reports.jsonl")
-    yield cluster
-    cluster.stop()

@@ -1,6 +1,6 @@
-"""launcher.engine=ray against a real Ray cluster the session starts (tests/servers.py): the same job as under our
-own launcher gives the same losses (ddp x2 here; fsdp x2 through docs/how-to/ray.md's command in
-test_docs_ray), a Ray worker killed mid-run is survived like an elastic restart, the metrics reach Ray's controller, keep_best keeps the right checkpoints in a bucket that also holds
+"""launcher.engine=ray against a real Ray cluster this module starts (tests/servers.py): the same jobs as under our
+own launcher give the same losses (ddp x2; fsdp x2 through docs/how-to/ray.md's command for an existing cluster),
+a Ray worker killed mid-run is survived like an elastic restart, the metrics reach Ray's controller, keep_best keeps the right checkpoints in a bucket that also holds
 Ray's own files, and a bad address is refused in one line before any work."""
 import json
 
@@ -8,11 +8,21 @@ import pytest
 
 from framework.checkpoint.retention import Saved, kept_steps
 from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
-from tests.servers import RAY_CLIENT_ENV, make_bucket
+from tests.servers import RAY_CLIENT_ENV, RayCluster, make_bucket
+from tests.test_docs_ray import EXISTING, shell
 
 EXACT = 1e-6
 RAY = ["launcher.engine=ray"]
 REPORTS = "launcher.ray.callbacks=[tests.fixtures.ray_reports.RecordReports]"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(s3_env, tmp_path_factory):
+    """One Ray cluster for this module's jobs (Ray takes seconds to start), up only while they run; its nodes
+    reach the S3 server. `.address` is its head, `.reports` the file tests.fixtures.ray_reports writes."""
+    cluster = RayCluster(s3_env, tmp_path_factory.mktemp("ray") / "reports.jsonl")
+    yield cluster
+    cluster.stop()
 
 
 def ray_job(ray_cluster, s3_env, run_dir, *args, env=None):
@@ -63,6 +73,14 @@ def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_besi
     assert [n for n in names if n.startswith("ray-")], f"Ray's own files are not under {root}: {names}"
 
 
+def test_on_an_existing_cluster_the_job_gives_our_launchers_losses(ray_cluster, s3_env, tmp_path, trained_run):
+    """docs/how-to/ray.md's command for an existing cluster (fsdp x2), the tests' FAST settings appended."""
+    make_bucket(s3_env, "my-bucket")
+    proc = shell(EXISTING, tmp_path, {"RAY_HEAD": ray_cluster.address, **s3_env}, *FAST, "hydra.run.dir=run")
+    check_ok(proc)
+    assert max_rel_diff(losses(trained_run("parallel=fsdp", "zero=stage3")), losses(tmp_path / "run")) <= EXACT
+
+
 def test_a_ray_worker_killed_mid_run_is_restarted_from_the_checkpoint(ray_cluster, s3_env, tmp_path, trained_run):
     """Rank 1 kills itself at step 6 of the first attempt; Ray (FailureConfig max_failures=1) starts the group
     again, which resumes from step 4's checkpoint: the losses are the uninterrupted run's, each step once."""
@@ -77,8 +95,7 @@ def test_a_ray_worker_killed_mid_run_is_restarted_from_the_checkpoint(ray_cluste
 
 
 @pytest.mark.parametrize("address,said", [("127.0.0.1:1", "no Ray cluster answers there"),
-                                          ("nosuchhost.invalid:6379", "no such host"),
-                                          ("just-a-name", "is not host:port")])
+                                          ("nosuchhost.invalid:6379", "no such host")])
 def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, address, said):
     proc = run_framework([*FAST, *RAY, f"launcher.ray.address={address}"], tmp_path / "run",
                          env=RAY_CLIENT_ENV, timeout=120)
@@ -86,3 +103,11 @@ def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, addr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: launcher.ray.address: ") and said in lines[0], lines
     assert not (tmp_path / "run").exists()
+
+
+def test_an_address_that_is_not_host_port_is_refused_naming_the_form():
+    from framework.errors import ConfigError
+    from framework.launchers.ray import _host_port
+    assert _host_port("ray://head:10001") == ("head", 10001) and _host_port("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    with pytest.raises(ConfigError, match="launcher.ray.address: 'just-a-name' is not host:port"):
+        _host_port("just-a-name")
