@@ -98,9 +98,12 @@ def strict(schema):
 RAYJOB_SCHEMA = strict(json.loads((FIXTURES / "rayjob.ray.io_v1.schema.json").read_text()))
 
 
-def test_rayjob_validates_against_kuberays_crd_schema():
-    cm, job = documents(k8s("--kind", "rayjob", "--image", "reg.example/fw:1", "--nodes", "2", "--gpus-per-node", "4",
-                            "--volume-claim", "team-runs", *TINY, env={"NCCL_DEBUG": "WARN"}))
+def test_rayjob_validates_against_kuberays_crd_schema(capsys, monkeypatch):
+    from framework.k8s.__main__ import main
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    main(["--kind", "rayjob", "--image", "reg.example/fw:1", "--nodes", "2", "--gpus-per-node", "4",
+          "--volume-claim", "team-runs", *TINY])      # in this process: the manifest is all this test reads
+    cm, job = yaml.safe_load_all(capsys.readouterr().out)
     jsonschema.validate(job, RAYJOB_SCHEMA)
     same(IoK8sApiCoreV1ConfigMap, cm)
     spec = job["spec"]

@@ -14,7 +14,7 @@ from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
 from tests.servers import make_bucket
 
 EXACT = 1e-6
-SAVING = ["parallel=ddp", "checkpoint.enabled=true", "checkpoint.interval=4", "checkpoint.async_save=true"]
+SAVING = ["parallel=single", "checkpoint.enabled=true", "checkpoint.interval=4", "checkpoint.async_save=true"]
 
 
 @pytest.fixture
@@ -27,7 +27,8 @@ def in_s3(s3_env, monkeypatch):
 
 @pytest.fixture(scope="module")
 def resumed_from_s3(s3_env, tmp_path_factory):
-    """ddp x2 saving in the background into a bucket: stopped at step 4, then continued with resume=auto."""
+    """Saving in the background into a bucket: stopped at step 4, then continued with resume=auto (several ranks
+    writing one checkpoint into a bucket: test_ray_engine's ddp job)."""
     root = f"{make_bucket(s3_env, 'resume')}/run"
     run_dir = tmp_path_factory.mktemp("s3_resume")
     first = run_framework([*FAST, *SAVING, f"checkpoint.dir={root}", "trainer.stop_at_step=4"], run_dir, env=s3_env)
@@ -41,7 +42,7 @@ def test_resume_auto_from_a_bucket_gives_the_uninterrupted_losses(resumed_from_s
     run_dir, root, second = resumed_from_s3
     assert f"checkpoint.resume=auto: looked in {root}: resuming from {root}/step_00000004" in second.stdout
     assert len(losses(run_dir)) == 8
-    assert max_rel_diff(losses(trained_run("parallel=ddp")), losses(run_dir)) <= EXACT
+    assert max_rel_diff(losses(trained_run("parallel=single")), losses(run_dir)) <= EXACT
     assert storage.listdir(root) == ["step_00000004", "step_00000008"]
     for step in ("step_00000004", "step_00000008"):      # complete, and every object as its manifest says
         meta = json.loads(storage.read_text(f"{root}/{step}/meta.json"))
@@ -52,7 +53,7 @@ def test_export_reads_straight_from_the_bucket(resumed_from_s3, trained_run, in_
     from framework.export import export
     _, root, _ = resumed_from_s3
     export(f"{root}/step_00000008", str(tmp_path / "from_s3"))
-    export(str(trained_run("parallel=ddp") / "checkpoints" / "step_00000008"), str(tmp_path / "from_disk"))
+    export(str(trained_run("parallel=single") / "checkpoints" / "step_00000008"), str(tmp_path / "from_disk"))
     got, want = load_file(tmp_path / "from_s3" / "model.safetensors"), load_file(tmp_path / "from_disk" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
