@@ -54,11 +54,12 @@ def test_export_reads_straight_from_the_bucket(resumed_from_s3, trained_run, in_
     _, root, _ = resumed_from_s3
     export(f"{root}/step_00000008", str(tmp_path / "from_s3"))
     export(str(trained_run("parallel=single") / "checkpoints" / "step_00000008"), str(tmp_path / "from_disk"))
-    got, want = load_file(tmp_path / "from_s3" / "model.safetensors"), load_file(tmp_path / "from_disk" / "model.safetensors")
+    got = load_file(tmp_path / "from_s3" / "model.safetensors")
+    want = load_file(tmp_path / "from_disk" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, tmp_path):
+def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, tmp_path, compose_config):
     """A copy of the checkpoint whose shard was cut short (the checkpoint in the bucket is left as it was)."""
     import fsspec
     _, root, _ = resumed_from_s3
@@ -68,7 +69,8 @@ def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, t
     shard = f"{copy}/state/__0_0.distcp"
     data = storage.read_bytes(shard)
     storage.write_bytes(shard, data[:len(data) // 2])
-    said = refused([*FAST, *SAVING, f"checkpoint.resume={copy}", "trainer.max_steps=12"], tmp_path / "run")
+    cfg = compose_config([*FAST, *SAVING, f"checkpoint.resume={copy}", "trainer.max_steps=12"])
+    said = refused(cfg, tmp_path / "run")
     assert said == [f"error: checkpoint.resume: refusing {copy}: {shard} is damaged: {len(data) // 2} bytes, "
                     f"{len(data)} when saved; no intact checkpoint is left beside it; start without "
                     f"checkpoint.resume"]
@@ -99,8 +101,8 @@ def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp
     assert len(list((tmp_path / "cache" / "framework" / "downloads").iterdir())) == 1
 
 
-def test_a_missing_bucket_is_one_line_and_exit_2_before_any_work(in_s3, tmp_path):
-    said = refused([*FAST, *SAVING, "checkpoint.dir=s3://no-such-bucket/run"], tmp_path / "run")
+def test_a_missing_bucket_is_one_line_and_exit_2_before_any_work(in_s3, tmp_path, compose_config):
+    said = refused(compose_config([*FAST, *SAVING, "checkpoint.dir=s3://no-such-bucket/run"]), tmp_path / "run")
     assert said == ["error: checkpoint.dir: s3://no-such-bucket/run: no such bucket or container"]
 
 

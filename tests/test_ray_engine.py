@@ -81,8 +81,8 @@ def test_on_an_existing_cluster_the_job_gives_our_launchers_losses(ray_cluster, 
     assert max_rel_diff(losses(trained_run("parallel=fsdp", "zero=stage3")), losses(tmp_path / "run")) <= EXACT
 
 
-def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path):
-    assert refused([*FAST, *RAY, "launcher.ray.address=127.0.0.1:1"], tmp_path / "run") == [
+def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, compose_config):
+    assert refused(compose_config([*FAST, *RAY, "launcher.ray.address=127.0.0.1:1"]), tmp_path / "run") == [
         "error: launcher.ray.address: 127.0.0.1:1: no Ray cluster answers there (Connection refused)"]
 
 
