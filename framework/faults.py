@@ -22,11 +22,13 @@ import sys
 import signal
 import time
 
+FAULTS_ENV = "FRAMEWORK_FAULT"
+
 
 @functools.cache
 def _faults() -> tuple[dict, ...]:
     faults = []
-    for item in filter(None, os.environ.get("FRAMEWORK_FAULT", "").split(",")):
+    for item in filter(None, os.environ.get(FAULTS_ENV, "").split(",")):
         point, step, *opts = item.strip().split(":")
         fault = {"point": point, "step": None if step == "*" else int(step), "rank": None, "attempt": None,
                  "world": None, "micro": None, "do": "kill", "ms": 0}
@@ -38,7 +40,7 @@ def _faults() -> tuple[dict, ...]:
 
 
 def inject(point: str, step: int, micro: int | None = None) -> None:
-    if "FRAMEWORK_FAULT" not in os.environ:
+    if FAULTS_ENV not in os.environ:
         return
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -30,9 +30,10 @@ from framework.watchdog import StallWatchdog
 
 
 class Trainer:
-    def __init__(self, cfg, strategy, run_dir: str):
+    def __init__(self, cfg, strategy, run_dir: str, on_record=None):
         self.cfg = cfg
         self.strategy = strategy
+        self.on_record = on_record      # every rank's view of each metrics record (framework.worker.run_worker)
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
         self.batches = StepBatches(cfg, strategy)
@@ -76,7 +77,7 @@ class Trainer:
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
         records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step,
-                              self.batches.sizes)
+                              self.batches.sizes, self.on_record)
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
@@ -128,7 +129,7 @@ class Trainer:
                 if saved:
                     nonfinite.check()    # never write a non-finite state
                     with interval.timed_apart("save_time"):
-                        checkpoints.save(step)
+                        checkpoints.save(step, record if logs else None)
                     records.saved()
                 if logs:
                     timing = interval.record()

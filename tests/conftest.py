@@ -120,3 +120,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{bug}: " + ("NOT CAUGHT" if not caught else ""))
         for test, how in caught.items():
             terminalreporter.write_line(f"    {test}: {how}")
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
+    from tests.servers import start_s3_server
+    server, env = start_s3_server()
+    yield env
+    server.stop()

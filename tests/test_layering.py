@@ -9,7 +9,8 @@ import pytest
 from tests.helpers import REPO
 
 LAYERS = [
-    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit"},
+    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
+     "storage"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},
     {"world", "sweep_gpus", "precision", "export"},
@@ -19,8 +20,9 @@ LAYERS = [
     {"strategies"},
     {"trainer", "step_batches", "config_store"},
     {"plan", "worker"},
+    {"launchers"},
     {"launch"},
-    {"__main__", "k8s", "reference", "compare"},
+    {"__main__", "k8s", "reference", "compare", "torchrun"},
 ]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 PACKAGE = REPO / "framework"

@@ -18,6 +18,8 @@ from omegaconf import MISSING
 
 from framework.axes import crossed
 
+from framework.checkpoint.retention import SCORE_MODES
+from framework.cluster.engines import ENGINES
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
@@ -184,17 +186,30 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True                # save at the end, and every `interval` steps if > 0
-    dir: Optional[str] = None           # default: <run dir>/checkpoints
+    dir: Optional[str] = None           # a path or an fsspec URL (s3://bucket/prefix, gs://, az://); default: <run dir>/checkpoints
     interval: int = 0                       # steps between saves; 0 = only at the end
-    resume: Optional[str] = None        # null | auto (newest complete in dir) | <path of a step dir>
+    resume: Optional[str] = None        # null | auto (newest complete in dir) | <path or URL of a step dir>
     keep_last: int = 2                      # complete checkpoints kept; older ones are deleted
+    keep_best: int = 0                  # also keep this many with the best `score` (0 = off)
+    score: str = "val_loss"             # the metric keep_best ranks by, as the step's metrics record names it
+    score_mode: OneOf[SCORE_MODES] = "min"   # min: lower is better | max
     async_save: bool = crossed(False, True)           # write in the background (torch-native strategies; `async` is a keyword)
-    initial_load: Optional[str] = None  # a dir of HF-layout safetensors to start the weights from
+    initial_load: Optional[str] = None  # a dir (or URL) of HF-layout safetensors to start the weights from
+
+
+@dataclass
+class RayConfig:
+    """launcher.engine=ray: where the Ray cluster is and what each worker asks it for."""
+    address: Optional[str] = None           # host:port or ray://host:10001; null = $RAY_ADDRESS, else start a local one
+    resources_per_worker: dict[str, float] = field(default_factory=dict)   # e.g. {CPU: 8}; empty = Ray's default (1 CPU, + 1 GPU on GPUs)
+    callbacks: list[str] = field(default_factory=list)   # import paths of ray.train.UserCallback classes for the run
 
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need
+    engine: OneOf[ENGINES] = "torch"        # torch: workers here (spawned, or under torchrun/SLURM/Kubeflow) | ray: a Ray Train job
+    ray: RayConfig = field(default_factory=RayConfig)
+    nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need; under Ray: the number of Ray workers
     max_restarts: int = 0                   # restarts of the worker group after a failure, each from the newest checkpoint
     monitor_interval: float = 0.1           # seconds between the elastic agent's checks of its workers
     backend: Optional[str] = None           # null = nccl on CUDA (plus gloo when offloading), gloo otherwise

@@ -4,7 +4,6 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 """
 from __future__ import annotations
 
-import glob
 import importlib.util
 import math
 import os
@@ -13,9 +12,10 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from framework import determinism
+from framework import determinism, storage
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, resolve_resume)
+from framework.cluster.engines import workers_here
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.errors import ConfigError
@@ -233,6 +233,47 @@ def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> N
         raise ConfigError(key, f"{path}: {errors[0]}")
 
 
+def validate_retention(cfg) -> None:
+    """checkpoint.keep_best ranks saves by checkpoint.score: every periodic save must be of a step that has it."""
+    c, t = cfg.checkpoint, cfg.trainer
+    if c.keep_best < 0:
+        raise ConfigError("checkpoint.keep_best", f"must not be negative, got {c.keep_best}")
+    if not c.keep_best or not c.enabled:
+        return
+    if c.score == "val_loss":
+        if not t.eval_every:
+            raise ConfigError("checkpoint.keep_best", "ranks checkpoints by checkpoint.score=val_loss, which "
+                                                      "trainer.eval_every=0 never computes; set trainer.eval_every")
+        if c.interval and c.interval % t.eval_every:
+            raise ConfigError("checkpoint.keep_best", f"ranks by val_loss, computed every trainer.eval_every="
+                                                      f"{t.eval_every} steps, but checkpoint.interval={c.interval} "
+                                                      f"saves between them; make the interval a multiple of "
+                                                      f"{t.eval_every}")
+    elif c.interval and c.interval % t.log_every:
+        raise ConfigError("checkpoint.keep_best", f"ranks by {c.score} from the metrics records, written every "
+                                                  f"trainer.log_every={t.log_every} steps, but checkpoint.interval="
+                                                  f"{c.interval} saves between them; make the interval a multiple "
+                                                  f"of {t.log_every}")
+
+
+def validate_storage(cfg, strategy_cls, probe: bool) -> None:
+    """checkpoint.dir as a URL: a strategy that writes there, and (`probe`: at launch, not where manifests are
+    written for a cluster with credentials of its own) a bucket this process can write to (an object written and
+    deleted), so a missing bucket or a refused access stops the job before any work."""
+    c = cfg.checkpoint
+    if not storage.is_url(c.dir):
+        return
+    if not strategy_cls.saves_to_urls:
+        raise ConfigError("checkpoint.dir", f"parallel={strategy_cls.name} saves through its own engine to a file "
+                                            f"system path, not to {c.dir}; use a path (a mounted bucket), or a "
+                                            f"strategy that checkpoints through torch.distributed.checkpoint")
+    if probe and (c.enabled or c.resume):
+        try:
+            storage.check_writable(c.dir)
+        except storage.StorageError as e:
+            raise ConfigError("checkpoint.dir", str(e)) from None
+
+
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
@@ -240,27 +281,32 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
     if c.async_save and not strategy_cls.supports_async_save:
         raise ConfigError("checkpoint.async_save", f"parallel={strategy_cls.name} saves through its own engine, "
                                                    f"not in the background; set checkpoint.async_save=false")
-    if c.resume not in (None, "auto") and not os.path.isdir(c.resume):
-        raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
-    if c.initial_load is not None and not os.path.isdir(c.initial_load):
-        raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    validate_retention(cfg)
+    validate_storage(cfg, strategy_cls, probe=run_dir is not None)
+    try:
+        if c.resume not in (None, "auto") and not storage.isdir(c.resume):
+            raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
+        if c.initial_load is not None and not storage.isdir(c.initial_load):
+            raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    except OSError as e:
+        raise ConfigError("checkpoint.resume" if c.resume else "checkpoint.initial_load", str(e)) from None
     if c.initial_load is not None:
-        validate_initial_load(cfg, c.initial_load, explicit)
+        validate_initial_load(cfg, storage.local_copy(c.initial_load), explicit)
     if run_dir is None:
         return
-    path = resolve_resume(cfg, run_dir)
-    if path is None:
-        return
     try:
+        path = resolve_resume(cfg, run_dir)
+        if path is None:
+            return
         check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
         if meta["format"] == "dcp":
-            check_dcp_metadata(os.path.join(path, STATE))
+            check_dcp_metadata(storage.join(path, STATE))
         elif meta["format"] == "deepspeed":
             check_deepspeed_files(os.path.join(path, STATE))
-        for rng_file in glob.glob(os.path.join(path, RNG, "*.pt")):
-            load_tensors_only(rng_file)
-    except (CheckpointError, UnsafeCheckpointError) as e:
+        for name in storage.listdir(storage.join(path, RNG)):
+            load_tensors_only(storage.join(path, RNG, name))
+    except (CheckpointError, UnsafeCheckpointError, OSError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
     if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):
         raise ConfigError("checkpoint.resume", f"{path} is at step {meta['step']}, not before "
@@ -297,7 +343,8 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
         raise ConfigError("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
-    check_visible_gpus(cfg, world_size)
+    if workers_here(cfg):      # Ray places its workers on the cluster's GPUs, not this host's
+        check_visible_gpus(cfg, world_size)
     _importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from framework import storage
 
 EOS_TOKEN = "<|endoftext|>"
 # End-of-text spellings of common tokenizers, tried in order when a tokenizer.json is given.
@@ -68,10 +69,11 @@ def parse_spec(spec: str) -> tuple[str, int | str | None]:
 
 
 def load_file(path: str) -> Tokenizer:
-    if not os.path.isfile(path):
+    """A tokenizer.json, at a path or a URL (a checkpoint on object storage)."""
+    if not storage.isfile(path):
         raise TokenizerError(f"{path}: no such tokenizer file")
     try:
-        return Tokenizer.from_file(path)
+        return Tokenizer.from_str(storage.read_text(path))
     except Exception as e:
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0][:120]})") from None
 
@@ -142,14 +144,15 @@ def record_in(data_cfg, out_dir: str) -> None:
     """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
     spec = data_cfg.get("tokenizer")
     if spec and spec != BYTES and os.path.isfile(spec):
-        shutil.copyfile(spec, os.path.join(out_dir, TOKENIZER_FILE))
+        with open(spec, "rb") as f:
+            storage.write_bytes(storage.join(out_dir, TOKENIZER_FILE), f.read())
 
 
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
     """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
     byte-level sources; None when the run never named one (a flat token file without data.tokenizer)."""
-    copied = os.path.join(step_dir, TOKENIZER_FILE)
-    if os.path.isfile(copied):
+    copied = storage.join(step_dir, TOKENIZER_FILE)
+    if storage.isfile(copied):
         return load_file(copied)
     return of_data(data_cfg)
 

@@ -11,7 +11,8 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint.manager import CONFIG, CheckpointError, damage, newest_intact_beside, read_meta
+from framework import storage
+from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
 from framework.export.read import READERS
@@ -26,7 +27,7 @@ class ExportError(ValueError):
 def _model_spec(step_dir: str):
     """(spec, model config) of the checkpoint's model."""
     try:
-        cfg = OmegaConf.load(os.path.join(step_dir, CONFIG))
+        cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG)))
         model = OmegaConf.to_container(cfg.model, resolve=True)
     except Exception as e:
         raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
@@ -53,14 +54,25 @@ def _check_out_dir(out_dir: str, force: bool) -> None:
                           f"{hf_files.WEIGHTS} and {hf_files.CONFIG}")
 
 
+def newest_step_dir(path: str) -> str:
+    """`path` if it is a checkpoint step dir; if it is a checkpoint dir (checkpoint.dir), its newest complete one."""
+    if storage.isfile(storage.join(path, META)):
+        return path
+    found = complete_checkpoints(path)
+    return found[-1] if found else path
+
+
 def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     """Write out_dir/{model.safetensors, config.json} and the checkpoint's tokenizer (tokenizer.json,
-    tokenizer_config.json); return the HF config. Nothing is written on error."""
+    tokenizer_config.json); return the HF config. Nothing is written on error. `step_dir` may be a path or a
+    URL (s3://...)."""
     try:
         meta = read_meta(step_dir)
         found = damage(step_dir)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    except OSError as e:     # a bucket that is not there, an endpoint that does not answer
+        raise ExportError(f"{step_dir}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if found is not None:
         intact = newest_intact_beside(step_dir)
         raise ExportError(f"refusing {step_dir}: {found}" +
@@ -101,7 +113,7 @@ def _fill_special_token_ids(config: dict, tok) -> None:
 def _tokenizer(step_dir: str):
     """The checkpoint's tokenizer, to write beside the weights (None: the run recorded none)."""
     try:
-        data = OmegaConf.load(os.path.join(step_dir, CONFIG)).data
+        data = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).data
         return tokenizers_.of_checkpoint(step_dir, data)
     except tokenizers_.TokenizerError as e:
         raise ExportError(f"{step_dir}: {e}") from None

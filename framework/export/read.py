@@ -12,6 +12,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from framework import storage
+from framework.checkpoint.dcp_state import reader as dcp_reader
 from framework.checkpoint.manager import STATE
 from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
 
@@ -20,9 +22,10 @@ MODEL_PREFIX = "model."
 
 
 def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
-    state_dir = os.path.join(step_dir, STATE)
+    """From a path or a URL (only the model's tensors are read: byte ranges of the state files)."""
+    state_dir = storage.join(step_dir, STATE)
     check_dcp_metadata(state_dir)
-    reader = dcp.FileSystemReader(state_dir)
+    reader = dcp_reader(state_dir)
     entries = reader.read_metadata().state_dict_metadata
     # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
     model = {key[len(MODEL_PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -39,6 +42,7 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:
+    step_dir = storage.local_copy(step_dir)     # DeepSpeed's own reader takes a local dir
     state_dir = os.path.join(step_dir, STATE)
     check_deepspeed_files(state_dir)
     if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):

@@ -19,7 +19,8 @@ from framework.metrics.summary import run_summary
 
 class StepRecords:
     def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int,
-                 batch_sizes: BatchSizes):
+                 batch_sizes: BatchSizes, on_record=None):
+        self.on_record = on_record
         self.cfg, self.strategy, self.run_dir, self.first_step = cfg, strategy, run_dir, initial_step
         self.sizes, self.seq_len = batch_sizes, cfg.data.seq_len
         self.last_logged = initial_step
@@ -47,8 +48,11 @@ class StepRecords:
         steps = record["step"] - self.last_logged
         tokens_per_sec = self.tokens(self.last_logged, record["step"]) / (timing["step_time"] * steps)
         self.last_logged = record["step"]
-        self.logger.log({**record, **timing, "tokens_per_sec": tokens_per_sec,
-                         "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)})
+        full = {**record, **timing, "tokens_per_sec": tokens_per_sec,
+                "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)}
+        self.logger.log(full)
+        if self.on_record is not None:
+            self.on_record(full)
         self.memory.reset()
 
     def saved(self) -> None:

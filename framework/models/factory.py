@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from framework import storage
 from framework.models.spec import ModelSpec, spec_for
 
 
@@ -20,7 +21,8 @@ class ModelFactory:
     def __init__(self, cfg):
         self.model_cfg = cfg.model
         self.seed = cfg.seed
-        self.initial_load = cfg.checkpoint.initial_load
+        # a URL's files are downloaded once per machine (safetensors reads local files)
+        self.initial_load = storage.local_copy(cfg.checkpoint.initial_load) if cfg.checkpoint.initial_load else None
         self.spec: ModelSpec = spec_for(cfg.model)
         self.spec.prepare(cfg.model)
         # where the initial weights are read from: the user's initial_load over the model's own

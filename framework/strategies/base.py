@@ -313,6 +313,8 @@ class Strategy:
         raise NotImplementedError(f"parallel={self.name} cannot load checkpoints yet")
 
     supports_async_save = False
+    #: saves to and loads from an object store URL (checkpoint.dir=s3://...), not only a file system path
+    saves_to_urls = False
 
     def save_checkpoint_async(self, path: str):
         """Start saving; return a Future whose result() means the state is on disk."""
@@ -371,6 +373,7 @@ class TorchStrategy(Strategy):
     precision_autocast = True
     checkpoint_format = "dcp"
     supports_async_save = True
+    saves_to_urls = True
     worker_modules = ("framework.checkpoint.dcp_state", "framework.parallel.grad_norm")
 
     def __init__(self, cfg):
