@@ -22,8 +22,7 @@ from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
-from framework.data.mixture import BLOCK, block_counts
-from framework.data.sources import DataError, check_token_range, path_kind, source_name, streams
+from framework.data.sources import DataError, check_token_range, source_of, streams
 from framework.devices import check_visible_gpus
 from framework.models import hf_files
 from framework.models.spec import spec_for
@@ -63,47 +62,12 @@ def validate_model(cfg) -> None:
     spec_for(model).validate(cfg)
 
 
-def _megatron_prefix(key: str, path: str) -> None:
-    if not os.path.isfile(path + ".idx") or not os.path.isfile(path + ".bin"):
-        hint = (f"; give the prefix without the extension: {path[:-4]}" if path.endswith((".bin", ".idx"))
-                else "")
-        raise ConfigError(key, f"no {path}.bin and {path}.idx{hint}")
-
-
-def _mixture_sources(cfg) -> None:
-    sources = cfg.data.sources
-    if not sources:
-        raise ConfigError("data.sources", "is empty; give data.sources=[{path: A, weight: 0.7}, {path: B, weight: 0.3}]")
-    for i, source in enumerate(sources):
-        if source.weight <= 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"must be positive, got {source.weight}")
-        if path_kind(source.path) is None:
-            raise ConfigError(f"data.sources[{i}].path", f"no such file, dataset dir or Megatron prefix: {source.path}")
-    names = [source_name(s) for s in sources]
-    if len(set(names)) != len(names):
-        raise ConfigError("data.sources", f"two sources are named alike ({', '.join(names)}); give each a name")
-    for i, count in enumerate(block_counts([s.weight for s in sources])):
-        if count == 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is too small a share to draw one "
-                                                           f"sequence in {BLOCK}; raise it or drop the source")
-
-
 def validate_data_files(cfg) -> None:
     data = cfg.data
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
-    if data.source in ("text", "tokens", "megatron") and not data.path:
-        raise ConfigError("data.path", f"is required for data.source={data.source}; set data.path=/path/to/"
-                                       f"{'prefix' if data.source == 'megatron' else 'file'}")
-    if data.source == "text" and not os.path.isfile(data.path):
-        raise ConfigError("data.path", f"no such file: {data.path}")
-    elif data.source == "tokens" and not os.path.exists(data.path):
-        raise ConfigError("data.path", f"no such file or dataset dir: {data.path}")
-    elif data.source == "megatron":
-        _megatron_prefix("data.path", data.path)
-    elif data.source == "mix":
-        _mixture_sources(cfg)
+    source_of(data).check(data)
 
 
 def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
@@ -124,6 +88,7 @@ def validate_data_contents(cfg) -> None:
     """Opens the data (memmaps; a prepared dataset's token range comes from its manifest, the others'
     are scanned): the last check, after the cheap ones passed."""
     data = cfg.data
+    mixture = source_of(data).mixture
     try:
         found = streams(data)
         for stream in found:
@@ -139,13 +104,13 @@ def validate_data_contents(cfg) -> None:
     evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
     for stream in found:
         n = len(stream.tokens)
-        if data.source != "mix" and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
+        if not mixture and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
             split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
             raise ConfigError("data.path", f"{data.path} is empty" if not n else
                               f"{data.path} is too short: it holds {n} tokens, one training sequence needs "
                               f"{data.seq_len + 1}{split}, so at least "
                               f"{_shortest_corpus(data.seq_len, data.val_fraction, evaluates)} tokens")
-        where = f" in {stream.name}" if data.source == "mix" else ""
+        where = f" in {stream.name}" if mixture else ""
         n_val = int(n * data.val_fraction)
         if n - n_val < data.seq_len + 1:
             raise ConfigError("data.seq_len", f"the training split{where} holds {n - n_val} tokens, "

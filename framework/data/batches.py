@@ -67,11 +67,12 @@ class GlobalBatchSampler:
 def build_samplers(data_cfg, global_batch_size: int, seed: int, with_val: bool):
     """(train sampler, validation sampler or None) for the configured data."""
     from framework.data.mixture import MixtureSampler
-    from framework.data.sources import streams
+    from framework.data.sources import source_of
 
-    found = streams(data_cfg)
+    source = source_of(data_cfg)
+    found = source.streams(data_cfg)
     splits = [split_train_val(s.tokens, data_cfg.val_fraction) for s in found]
-    if data_cfg.source != "mix":
+    if not source.mixture:
         train, val = splits[0]
         return (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
                 GlobalBatchSampler(val, data_cfg.seq_len, global_batch_size, seed, shuffle=False) if with_val else None)

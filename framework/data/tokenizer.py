@@ -135,9 +135,6 @@ def vocab_size(tok: Tokenizer) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-BYTE_SOURCES = ("pydoc", "text")
-
-
 def record_in(data_cfg, out_dir: str) -> None:
     """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
     spec = data_cfg.get("tokenizer")
@@ -156,8 +153,9 @@ def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
 
 def of_data(data_cfg) -> Tokenizer | None:
     """The data's tokenizer: data.tokenizer, else bytes for the byte-level sources, else None."""
+    from framework.data.sources import source_named   # the sources' modules import this one
     spec = data_cfg.get("tokenizer")
-    if spec == BYTES or (spec is None and data_cfg.get("source") in BYTE_SOURCES):
+    if spec == BYTES or (spec is None and source_named(data_cfg.get("source")).byte_level):
         return byte_tokenizer()
     if spec and os.path.isfile(spec):
         return load_file(spec)
