@@ -18,6 +18,7 @@ from omegaconf import MISSING
 
 from framework.axes import crossed
 
+from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
@@ -138,6 +139,16 @@ class DataConfig:
     sources: list[MixSourceConfig] = field(default_factory=list)   # mix only
     val_fraction: float = 0.05
     num_tokens: int = 1_000_000         # synthetic only
+    # attention stays within each document and positions restart at its start (prepared data: its documents)
+    document_mask: bool = crossed(False, True)
+    overlong: OneOf["split", "truncate"] = "split"   # instruction data: an example longer than a sequence
+    # jsonl, parquet, datasets, chat: tokenized at launch into a dataset under cache_dir (null: ~/.cache/framework)
+    text_key: str = "text"              # the field / column holding a document's text (or a chat's messages)
+    split: str = "train"                # datasets: the split to read
+    chat_template: Optional[OneOf[TEMPLATES]] = None   # chat: null = the tokenizer's own; llama3 | chatml
+    train_on: OneOf[TRAIN_ON] = "assistant"           # chat: the tokens trained (the rest masked from the loss)
+    cache_dir: Optional[str] = None
+    prepared: Optional[str] = None      # set by the launcher: the dataset dir the inputs were prepared into
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Fill the data section from prepared datasets' manifests, in the launching process before validation.
+"""Fill the data section from prepared datasets' manifests, in the launching process before validation
+(after the source's own resolve: a source that tokenizes at launch prepares its dataset there).
 
 A prepared dataset knows its vocabulary, EOS id and tokenizer; the user should not have to repeat them.
 data.vocab_size, data.eos_id and data.tokenizer come from the manifest. For every source that says so
@@ -17,6 +18,7 @@ from framework.data.tokenizer import TOKENIZER_FILE
 
 def apply_dataset_manifests(cfg, model_vocab_given: bool) -> None:
     source = source_of(cfg.data)
+    source.resolve(cfg.data)
     _apply_manifests(cfg.data, source.dataset_dirs(cfg.data))
     if source.vocab_from_data and not model_vocab_given and "vocab_size" in cfg.model:
         cfg.model.vocab_size = cfg.data.vocab_size

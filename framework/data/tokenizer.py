@@ -68,6 +68,9 @@ def parse_spec(spec: str) -> tuple[str, int | str | None]:
 
 
 def load_file(path: str) -> Tokenizer:
+    """A tokenizer.json, or the one in a Hugging Face tokenizer dir."""
+    if os.path.isdir(path):
+        path = os.path.join(path, TOKENIZER_FILE)
     if not os.path.isfile(path):
         raise TokenizerError(f"{path}: no such tokenizer file")
     try:
@@ -162,12 +165,12 @@ def of_data(data_cfg) -> Tokenizer | None:
     return None
 
 
-def write_hf_files(tok: Tokenizer, out_dir: str) -> list[str]:
+def write_hf_files(tok: Tokenizer, out_dir: str, chat_template: str | None = None) -> list[str]:
     """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer, with
-    the tokenizer's own special tokens."""
+    the tokenizer's own special tokens (and its chat template, where it has one)."""
     tok.save(os.path.join(out_dir, TOKENIZER_FILE))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens(tok), "model_max_length": 1_000_000,
-              "clean_up_tokenization_spaces": False}
+              "clean_up_tokenization_spaces": False, **({"chat_template": chat_template} if chat_template else {})}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return [TOKENIZER_FILE, "tokenizer_config.json"]

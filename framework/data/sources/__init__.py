@@ -16,6 +16,10 @@ SOURCES: dict[str, str] = {
     "megatron": "framework.data.sources.megatron:Megatron",
     "mix": "framework.data.sources.mix:Mix",
     "synthetic": "framework.data.sources.synthetic:Synthetic",
+    "jsonl": "framework.data.sources.jsonl:Jsonl",
+    "parquet": "framework.data.sources.parquet:Parquet",
+    "datasets": "framework.data.sources.datasets:Datasets",
+    "chat": "framework.data.sources.chat:Chat",
 }
 
 
@@ -28,6 +32,16 @@ def source_named(name: str) -> Source:
 
 def source_of(data_cfg) -> Source:
     return source_named(data_cfg.source)
+
+
+def reader_for(path: str, fallback: bool = False) -> Source | None:
+    """The source `prepare` reads the input `path` through: the one that reads its kind, else (`fallback`)
+    the one that reads any file (text)."""
+    readers = [source_named(name) for name in SOURCES]
+    for source in readers:
+        if not source.fallback_reader and source.reads(path):
+            return source
+    return next((s for s in readers if s.fallback_reader), None) if fallback else None
 
 
 def streams(data_cfg) -> list[Stream]:
@@ -46,4 +60,4 @@ def pydoc_corpus_bytes() -> bytes:
 
 
 __all__ = ["SOURCES", "TOKEN_DTYPES", "DataError", "Source", "Stream", "check_token_range", "load_tokens",
-           "open_path", "path_kind", "pydoc_corpus_bytes", "source_named", "source_of", "streams"]
+           "open_path", "path_kind", "pydoc_corpus_bytes", "reader_for", "source_named", "source_of", "streams"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -31,6 +31,8 @@ class Stream:
     tokens: object
     weight: float = 1.0
     manifest: dict | None = None    # prepared datasets: vocabulary and range are known without scanning
+    starts: Optional[np.ndarray] = None   # each document's start offset, then the end (prepared datasets)
+    mask: object = None             # instruction data: per token, 1 where it is trained as a target
 
 
 class Source:
@@ -44,12 +46,30 @@ class Source:
     vocab_from_data = False
     #: several weighted streams, dealt out by framework/data/mixture.py
     mixture = False
+    #: `prepare` reads an input through this source when no other source reads it (text)
+    fallback_reader = False
+
+    def reads(self, path: str) -> bool:
+        """Whether `prepare` reads the input `path` (a file, or a directory read as a whole) as records of
+        this source's kind."""
+        return False
+
+    def records(self, path: str, columns: list[str] | None = None,
+                split: str = "train") -> Iterator[tuple[str, object]]:
+        """(where, record) of one input: `where` names the file and line or row for errors; a record is a dict
+        (only `columns`, where given and the format can read columns alone) or a whole text; `split`: which
+        split of a dataset that has several."""
+        raise NotImplementedError(f"data.source={self.name} reads no documents")
 
     def check(self, data_cfg) -> None:
         """Cheap checks of the files the data names, before anything is opened; raise ConfigError."""
         if self.path_names and not data_cfg.path:
             raise ConfigError("data.path", f"is required for data.source={self.name}; set data.path=/path/to/"
                                            f"{self.path_names}")
+
+    def resolve(self, data_cfg) -> None:
+        """In the launching process, before validation: fill what the data says of itself into data.*
+        (prepared sources tokenize their inputs here)."""
 
     def dataset_dirs(self, data_cfg) -> list[tuple[str, str]]:
         """(config key, path) of every prepared dataset dir the data names: their manifests fill data.*."""
@@ -81,8 +101,10 @@ def _flat_token_file(path: str, dtype_name: str, key: str) -> np.ndarray:
 
 
 def open_dataset(path: str) -> Stream:
-    """A prepared dataset dir as a Stream."""
-    return Stream(path, token_dataset.open_tokens(path), manifest=token_dataset.read_manifest(path))
+    """A prepared dataset dir as a Stream: tokens, document starts and, where it has one, its loss mask."""
+    manifest = token_dataset.read_manifest(path)
+    return Stream(path, token_dataset.open_tokens(path), manifest=manifest, starts=token_dataset.open_starts(path),
+                  mask=token_dataset.open_mask(path) if manifest.get("loss_mask") else None)
 
 
 def open_path(path: str, data_cfg, key: str = "data.path") -> Stream:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Iterator
 
 import numpy as np
 
@@ -13,6 +14,15 @@ class Text(Source):
     name = "text"
     path_names = "file"
     byte_level = True
+    fallback_reader = True      # `prepare`: a file no other source reads is one text document
+
+    def reads(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def records(self, path: str, columns: list[str] | None = None,
+                split: str = "train") -> Iterator[tuple[str, object]]:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            yield path, f.read()
 
     def check(self, data_cfg) -> None:
         super().check(data_cfg)
