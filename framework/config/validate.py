@@ -59,7 +59,12 @@ def validate_model(cfg) -> None:
     if "_target_" not in model or not model._target_:
         raise ConfigError("model._target_", "missing: name the nn.Module class to train")
     _importable("model._target_", model._target_)
-    spec_for(model).validate(cfg)
+    spec = spec_for(model)
+    spec.validate(cfg)
+    if cfg.data.document_mask and not spec.takes_documents:
+        raise ConfigError("data.document_mask", f"{model._target_} (model spec {spec.name}) takes no document "
+                                                f"boundaries; set data.document_mask=false or use a model that does "
+                                                f"(llama, gpt2, moe, hf)")
 
 
 def validate_data_files(cfg) -> None:
@@ -100,9 +105,16 @@ def validate_data_contents(cfg) -> None:
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
+    for stream in found:
+        if data.document_mask and stream.starts is None:
+            raise ConfigError("data.document_mask", f"{stream.name} records no document boundaries (a dataset "
+                                                    f"dir from `python -m framework.data.prepare` does); set "
+                                                    f"data.document_mask=false")
+        if stream.mask is not None:
+            _enough_examples(cfg, stream, mixture)
     # With no validation fraction at all, the trainer.eval_every rule below says what to change.
     evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
-    for stream in found:
+    for stream in (s for s in found if s.mask is None):
         n = len(stream.tokens)
         if not mixture and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
             split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
@@ -118,6 +130,19 @@ def validate_data_contents(cfg) -> None:
         if cfg.trainer.eval_every and n_val < data.seq_len + 1:
             raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
                                                     f"sequence; raise data.val_fraction or set trainer.eval_every=0")
+
+
+def _enough_examples(cfg, stream, mixture: bool) -> None:
+    """Instruction data is packed whole: its training split needs an example, its validation split one more
+    where evaluation runs."""
+    from framework.data.batches import split_stream
+    train, val = split_stream(stream, cfg.data.val_fraction)
+    where = f" in {stream.name}" if mixture else ""
+    if len(train.starts) < 2:
+        raise ConfigError("data.path", f"the training split{where} holds no example")
+    if cfg.trainer.eval_every and len(val.starts) < 2:
+        raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
+                                                f"example; raise data.val_fraction or set trainer.eval_every=0")
 
 
 def validate_profile(cfg) -> None:

@@ -9,7 +9,6 @@ the position alone: a step's sequences depend only on seed and step, and resume 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 BLOCK = 1024
 MIX_STREAM = 0x6D6978   # seed word that keeps the block permutations apart from the sources' orders
@@ -53,12 +52,22 @@ class MixtureSampler:
             within.append(b * self.counts[source[offset]] + rank[offset])
         return np.asarray(sources), np.asarray(within)
 
-    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
+    def local_batch(self, step: int, dp_rank: int, dp_size: int):
+        from framework.data.batches import cat_rows
         per_rank = self.global_batch_size // dp_size
         start = step * self.global_batch_size + dp_rank * per_rank
         rows = [self.samplers[s].sequences(self.samplers[s].ids_at([p]))
                 for s, p in zip(*self.assign(range(start, start + per_rank)))]
-        return torch.cat(rows)
+        return cat_rows(rows)
+
+    def trained_tokens(self, step: int):
+        """Targets step `step`'s global batch trains (None: every position), summed over its sources' sequences."""
+        start = step * self.global_batch_size
+        counts = [self.samplers[s].layout.trained(self.samplers[s].ids_at([p]))
+                  for s, p in zip(*self.assign(range(start, start + self.global_batch_size)))]
+        if all(c is None for c in counts):
+            return None
+        return sum(self.seq_len if c is None else c for c in counts)
 
     def sequences_per_source(self, positions: int) -> np.ndarray:
         """How many of the first `positions` positions each source supplied."""

@@ -31,6 +31,7 @@ class NativeDecoderSpec(ModelSpec):
     init_by_name = True
     supports_pipeline = True
     context_parallel = True
+    takes_documents = True
     has_hf_layout = True
     args_class: type                 # a dataclass: n_layers, init_std, num_params(), flops_per_token(seq_len)
     block_class: type

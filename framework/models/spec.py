@@ -48,6 +48,9 @@ class ModelSpec:
     #: True where the model takes its token positions from framework.models.positions and attends through
     #: causal scaled_dot_product_attention: context parallelism can then split its sequences
     context_parallel = False
+    #: True where forward(tokens, documents) keeps attention within packed documents and restarts their
+    #: positions (framework.models.documents): data.document_mask can then pack them
+    takes_documents = False
 
     def config_schema(self) -> Optional[type]:
         """The dataclass that types `model.*` (stored as schema/model/<name> for the yaml files)."""

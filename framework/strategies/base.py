@@ -408,10 +408,10 @@ class TorchStrategy(Strategy):
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.accumulation_context(is_last=i == n - 1), weighted_micro_batch(1 / n):
                 with self.autocast():
-                    loss = loss_fn(self.model(inputs), targets)
+                    loss = loss_fn(self.model(inputs, *documents), targets)
                 self.backward(loss / n)
             total += loss.detach().float()
         return self.reduce_mean(total / n)
@@ -437,7 +437,7 @@ class TorchStrategy(Strategy):
         self.model.eval()
         total = torch.zeros((), device=self.device)
         for batch in micro_batches:
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.autocast():
-                total += loss_fn(self.model(inputs), targets).float()
+                total += loss_fn(self.model(inputs, *documents), targets).float()
         return self.reduce_mean(total / max(1, len(micro_batches)))

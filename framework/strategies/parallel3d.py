@@ -232,7 +232,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
             self.schedule = build_schedule(cfg.parallel.pp_schedule, modules, self.stage_ids, self.num_stages,
                                            self.batch_layout(cfg, self.world_size).pipeline_microbatches,
                                            lambda output, target: self._loss_fn(output, target),
-                                           self.mesh.pp.get_group(), self.device)
+                                           self.mesh.pp.get_group(), self.device, documents=cfg.data.document_mask)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 
@@ -316,9 +316,9 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         self._loss_fn = loss_fn
         args, kwargs, losses = (), {}, []
         if micro_batches:
-            inputs, targets = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
+            inputs, targets, *documents = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
             if self.holds_first:
-                args = (inputs,)
+                args = (inputs, *documents)
             if self.holds_last:
                 kwargs = {"target": targets, "losses": losses}
         with self.autocast():

@@ -74,6 +74,7 @@ class _Weights:
 class HFSpec(ModelSpec):
     name = "hf"
     has_hf_layout = True
+    takes_documents = True
 
     def config_schema(self) -> type:
         return HFModelConfig

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.models.llama.model import Attention, FeedForward, LlamaArgs, RMSNorm, rope_tables
+from framework.models.llama.model import Attention, FeedForward, LlamaArgs, RMSNorm, rope_inputs
 from framework.models.moe import balance
 from framework.models.moe.experts import expert_swiglu
 from framework.models.seeding import param_seed
@@ -174,8 +174,8 @@ class MoEBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = MoEFeedForward(args, layer_id)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -190,12 +190,11 @@ class MoETransformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device,
-                               scaling=self.args.rope_scaling)
+        cos, sin, mask = rope_inputs(self.args, h.device, documents)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h).float() if self.output is not None else h
