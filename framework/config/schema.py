@@ -20,6 +20,7 @@ from framework.axes import crossed
 
 from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
+from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 
@@ -152,6 +153,18 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Parameter-efficient fine-tuning: adapters on the block linears, everything else frozen (models/lora.py)."""
+    enabled: bool = crossed(False, True)
+    rank: int = 8
+    alpha: float = 16.0                 # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0
+    dora: bool = crossed(False, True)   # weight-decomposed LoRA: a trained magnitude per output row
+    targets: list[str] = field(default_factory=list)   # linears whose names end so; empty = every block linear
+    base_dtype: OneOf[BASE_DTYPES] = "float32"         # the frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
+
+
+@dataclass
 class ProfileConfig:
     steps: list[int] = field(default_factory=list)   # [first, last] step to trace (1-based); empty = off
     memory_snapshot: bool = False       # CUDA: also record the allocator history over those steps
@@ -243,5 +256,6 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0
     device: OneOf["auto", "cpu", "cuda"] = "auto"

@@ -145,6 +145,30 @@ def _enough_examples(cfg, stream, mixture: bool) -> None:
                                                 f"example; raise data.val_fraction or set trainer.eval_every=0")
 
 
+def validate_lora(cfg) -> None:
+    """lora.*: positive sizes, a precision that leaves the linears as they are, and linears to adapt."""
+    c = cfg.lora
+    if not c.enabled:
+        return
+    _positive(cfg, "lora.rank", "lora.alpha")
+    if not 0 <= c.dropout < 1:
+        raise ConfigError("lora.dropout", f"must be in [0, 1), got {c.dropout}")
+    if cfg.precision.name == "float8":
+        raise ConfigError("lora.enabled", "precision=float8 converts the linears the adapters sit on; train "
+                                          "adapters with precision=bf16 (lora.base_dtype=float8 stores the frozen "
+                                          "weights in float8)")
+    from framework.models.factory import ModelFactory
+    import torch
+    factory = ModelFactory(cfg)
+    with torch.device("meta"):
+        model = factory.spec.build(cfg.model, load_weights=False)
+    if not factory.lora_names(model):
+        wanted = f"named {', '.join(c.targets)} " if c.targets else ""
+        raise ConfigError("lora.targets", f"{cfg.model._target_} has no nn.Linear {wanted}in its blocks "
+                                          f"({', '.join(t.__name__ for t in factory.spec.block_classes(model)) or 'none'}) "
+                                          f"to adapt")
+
+
 def validate_profile(cfg) -> None:
     steps = list(cfg.trainer.profile.steps or [])
     if steps and (len(steps) != 2 or not 1 <= steps[0] <= steps[1]):
@@ -278,5 +302,6 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
+    validate_lora(cfg)
     strategy_cls.validate(cfg, world_size)
     validate_data_contents(cfg)

@@ -22,10 +22,10 @@ from typing import Optional
 import numpy as np
 
 from framework.data.documents import DocumentError
+from framework.data.tokenizer import CONFIG_FILE
 
 TRAIN_ON = ("assistant", "all", "last")
 ROLES = ("system", "user", "assistant", "tool")
-CONFIG_FILE = "tokenizer_config.json"
 TEMPLATE_FILE = "chat_template.jinja"
 
 

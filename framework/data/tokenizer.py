@@ -138,11 +138,28 @@ def vocab_size(tok: Tokenizer) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
+CONFIG_FILE = "tokenizer_config.json"
+
+
 def record_in(data_cfg, out_dir: str) -> None:
-    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
+    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary; chat
+    data's tokenizer_config.json (its chat template) goes beside it."""
     spec = data_cfg.get("tokenizer")
     if spec and spec != BYTES and os.path.isfile(spec):
         shutil.copyfile(spec, os.path.join(out_dir, TOKENIZER_FILE))
+        config = os.path.join(os.path.dirname(os.path.abspath(spec)), CONFIG_FILE)
+        if os.path.isfile(config):
+            shutil.copyfile(config, os.path.join(out_dir, CONFIG_FILE))
+
+
+def chat_template_in(folder: str) -> str | None:
+    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json), if any."""
+    config = os.path.join(folder, CONFIG_FILE)
+    if not os.path.isfile(config):
+        return None
+    with open(config, encoding="utf-8") as f:
+        template = json.load(f).get("chat_template")
+    return template if isinstance(template, str) and template else None
 
 
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
@@ -171,6 +188,6 @@ def write_hf_files(tok: Tokenizer, out_dir: str, chat_template: str | None = Non
     tok.save(os.path.join(out_dir, TOKENIZER_FILE))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens(tok), "model_max_length": 1_000_000,
               "clean_up_tokenization_spaces": False, **({"chat_template": chat_template} if chat_template else {})}
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+    with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
         json.dump(config, f, indent=2)
-    return [TOKENIZER_FILE, "tokenizer_config.json"]
+    return [TOKENIZER_FILE, CONFIG_FILE]

@@ -162,6 +162,9 @@ class HFSpec(ModelSpec):
             out[key] = tensor.detach().float().cpu().contiguous()
         return out
 
+    def hf_linear(self, name, rows, model_cfg):
+        return (name[len(PREFIX):] if name.startswith(PREFIX) else name), rows
+
     def hf_mismatches(self, hf_config, model_cfg):
         ours = self.hf_cfg(model_cfg).to_dict()
         return [(k, "model.pretrained/config", hf_config.get(k), ours.get(k)) for k in SHAPE_KEYS
