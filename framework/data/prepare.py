@@ -161,7 +161,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     os.makedirs(tmp)
     try:
         if is_chat:
-            tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja)
+            tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja, bos_token=template.bos_token)
             work, init = _encode_examples, (tok.to_str(), template, bos_ids, eos_id, chat.train_on)
             items = _batches(_examples(files, read, text_key, template), size=lambda e: sum(map(len, contents(e))))
         else:

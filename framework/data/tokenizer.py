@@ -152,14 +152,18 @@ def record_in(data_cfg, out_dir: str) -> None:
             shutil.copyfile(config, os.path.join(out_dir, CONFIG_FILE))
 
 
-def chat_template_in(folder: str) -> str | None:
-    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json), if any."""
+def chat_config_in(folder: str) -> dict:
+    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json) and the BOS token it
+    writes, as write_hf_files takes them; {} if none."""
     config = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(config):
-        return None
+        return {}
     with open(config, encoding="utf-8") as f:
-        template = json.load(f).get("chat_template")
-    return template if isinstance(template, str) and template else None
+        found = json.load(f)
+    template = found.get("chat_template")
+    if not isinstance(template, str) or not template:
+        return {}
+    return {"chat_template": template, **({"bos_token": found["bos_token"]} if found.get("bos_token") else {})}
 
 
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
@@ -182,12 +186,14 @@ def of_data(data_cfg) -> Tokenizer | None:
     return None
 
 
-def write_hf_files(tok: Tokenizer, out_dir: str, chat_template: str | None = None) -> list[str]:
+def write_hf_files(tok: Tokenizer, out_dir: str, chat_template: str | None = None,
+                   bos_token: str | None = None) -> list[str]:
     """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer, with
-    the tokenizer's own special tokens (and its chat template, where it has one)."""
+    the tokenizer's own special tokens (and its chat template, where it has one, with the BOS it writes)."""
     tok.save(os.path.join(out_dir, TOKENIZER_FILE))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens(tok), "model_max_length": 1_000_000,
-              "clean_up_tokenization_spaces": False, **({"chat_template": chat_template} if chat_template else {})}
+              "clean_up_tokenization_spaces": False, **({"chat_template": chat_template} if chat_template else {}),
+              **({"bos_token": bos_token} if bos_token else {})}
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
         json.dump(config, f, indent=2)
     return [TOKENIZER_FILE, CONFIG_FILE]

@@ -98,7 +98,7 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
     tok = _tokenizer(step_dir)
     if tok is not None:
         _fill_special_token_ids(config, tok)
-    _write(out_dir, tensors, config, tok, tokenizers_.chat_template_in(step_dir), write_adapter)
+    _write(out_dir, tensors, config, tok, tokenizers_.chat_config_in(step_dir), write_adapter)
     return config
 
 
@@ -120,7 +120,7 @@ def _tokenizer(step_dir: str):
         raise ExportError(f"{step_dir}: {e}") from None
 
 
-def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat_template=None, write_extra=None) -> None:
+def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat: dict | None = None, write_extra=None) -> None:
     """Into a sibling temp dir first: a failed write leaves out_dir as it was. `write_extra(folder)` writes
     more (the adapter) and returns the names it wrote."""
     parent = os.path.dirname(os.path.abspath(out_dir))
@@ -132,7 +132,7 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat_template=No
             json.dump(config, f, indent=2)
         names = [hf_files.WEIGHTS, hf_files.CONFIG]
         if tok is not None:
-            names += tokenizers_.write_hf_files(tok, tmp, chat_template)
+            names += tokenizers_.write_hf_files(tok, tmp, **(chat or {}))
         if write_extra is not None:
             names += write_extra(tmp)
         if not os.path.exists(out_dir):
