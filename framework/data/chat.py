@@ -120,23 +120,28 @@ def contents(example: Example) -> list[str]:
 
 
 # ---- templates ------------------------------------------------------------------------------------------
-def own_template(tokenizer_spec: str) -> Optional[str]:
-    """The chat template stored with a tokenizer.json (or in an HF tokenizer dir): tokenizer_config.json's
-    `chat_template` (its "default" where it names several), else chat_template.jinja; None if it has none."""
+def _token_text(value) -> Optional[str]:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken's dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def own_template(tokenizer_spec: str) -> tuple[Optional[str], Optional[str]]:
+    """(the chat template stored with a tokenizer.json or in an HF tokenizer dir -- tokenizer_config.json's
+    `chat_template` (its "default" where it names several), else chat_template.jinja -- and the bos_token the
+    template may write); (None, None) if it has none."""
     folder = tokenizer_spec if os.path.isdir(tokenizer_spec) else os.path.dirname(os.path.abspath(tokenizer_spec))
-    config = os.path.join(folder, CONFIG_FILE)
+    config, found, bos = os.path.join(folder, CONFIG_FILE), None, None
     if os.path.isfile(config):
         with open(config, encoding="utf-8") as f:
-            found = json.load(f).get("chat_template")
+            settings = json.load(f)
+        found, bos = settings.get("chat_template"), _token_text(settings.get("bos_token"))
         if isinstance(found, list):
             found = {t.get("name"): t.get("template") for t in found}.get("default")
-        if isinstance(found, str) and found:
-            return found
     jinja = os.path.join(folder, TEMPLATE_FILE)
-    if os.path.isfile(jinja):
+    if not (isinstance(found, str) and found) and os.path.isfile(jinja):
         with open(jinja, encoding="utf-8") as f:
-            return f.read()
-    return None
+            found = f.read()
+    return (found, bos) if isinstance(found, str) and found else (None, None)
 
 
 @dataclass(frozen=True)
@@ -156,8 +161,8 @@ def choose_template(name: Optional[str], tokenizer_spec: str, own: bool) -> Temp
                             f"or leave it unset for the tokenizer's own")
         t = TEMPLATES[name]
         return Template(t.jinja, name, t.bos_token, t.end_of_turn)
-    jinja = own_template(tokenizer_spec) if own else None
-    return Template(jinja, "tokenizer" if jinja else "none")
+    jinja, bos = own_template(tokenizer_spec) if own else (None, None)
+    return Template(jinja, "tokenizer" if jinja else "none", bos)
 
 
 def fit_tokenizer(tok, template: Template, tokenizer_spec: str, ours: bool) -> None:

@@ -155,10 +155,12 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     bos_ids = tokenizers_.bos_ids(tok)
     vocab = tokenizers_.vocab_size(tok)
     parent = os.path.dirname(os.path.abspath(out))
+    made_parent = not os.path.isdir(parent)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out))}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    done = False
     try:
         if is_chat:
             tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja, bos_token=template.bos_token)
@@ -188,9 +190,12 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
             inputs=[os.path.abspath(p) if os.path.exists(p) else p for p in files], text_key=text_key, **extra,
             seconds=round(seconds, 3), tokens_per_sec=round(writer.tokens / max(seconds, 1e-9)))
         os.rename(tmp, out)
+        done = True
         return manifest
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if made_parent and not done and not os.listdir(parent):
+            os.rmdir(parent)      # a failed run leaves the directory tree as it found it
 
 
 def main(argv: list[str] | None = None) -> int:
