@@ -107,9 +107,9 @@ def validate_data_contents(cfg) -> None:
         raise ConfigError(key, msg) from None
     for stream in found:
         if data.document_mask and stream.starts is None:
-            raise ConfigError("data.document_mask", f"{stream.name} records no document boundaries (a dataset "
-                                                    f"dir from `python -m framework.data.prepare` does); set "
-                                                    f"data.document_mask=false")
+            raise ConfigError("data.document_mask", f"data.source={data.source} ({stream.name}) records no document "
+                                                    f"boundaries (a dataset dir from `python -m framework.data."
+                                                    f"prepare` does); set data.document_mask=false")
         if stream.mask is not None:
             _enough_examples(cfg, stream, mixture)
     # With no validation fraction at all, the trainer.eval_every rule below says what to change.

@@ -101,10 +101,18 @@ def _flat_token_file(path: str, dtype_name: str, key: str) -> np.ndarray:
 
 
 def open_dataset(path: str) -> Stream:
-    """A prepared dataset dir as a Stream: tokens, document starts and, where it has one, its loss mask."""
+    """A prepared dataset dir as a Stream: tokens, document starts (None where documents.npy is missing or
+    does not match: only document masks and instruction data need them) and, where it has one, its loss mask."""
     manifest = token_dataset.read_manifest(path)
-    return Stream(path, token_dataset.open_tokens(path), manifest=manifest, starts=token_dataset.open_starts(path),
-                  mask=token_dataset.open_mask(path) if manifest.get("loss_mask") else None)
+    tokens = token_dataset.open_tokens(path)
+    if manifest.get("loss_mask"):
+        return Stream(path, tokens, manifest=manifest, starts=token_dataset.open_starts(path),
+                      mask=token_dataset.open_mask(path))
+    try:
+        starts = token_dataset.open_starts(path)
+    except token_dataset.DatasetError:
+        starts = None
+    return Stream(path, tokens, manifest=manifest, starts=starts)
 
 
 def open_path(path: str, data_cfg, key: str = "data.path") -> Stream:
