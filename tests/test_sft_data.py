@@ -99,6 +99,20 @@ def test_packed_documents_give_each_document_its_logits_alone(family):
     assert _packed_vs_alone(forward) <= 1e-5
 
 
+def test_flex_attentions_document_mask_is_the_dense_masks_attention():
+    """The CUDA path (flex_attention's BlockMask, here in eager mode) and the CPU path compute the same."""
+    import warnings
+    from framework.models.documents import DocumentLayout, attend
+    documents = torch.repeat_interleave(torch.arange(4), torch.tensor([20, 50, 1, 57]))[None].expand(2, -1)
+    q = torch.randn(2, 4, 128, 8)
+    k, v = torch.randn(2, 2, 128, 8), torch.randn(2, 2, 128, 8)
+    dense = attend(q, k, v, DocumentLayout(documents, use_flex=False).mask, enable_gqa=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # flex_attention warns that eager mode is slow
+        flex = attend(q, k, v, DocumentLayout(documents, use_flex=True).mask, enable_gqa=True)
+    assert float((dense - flex).abs().max()) <= 1e-5
+
+
 def test_chat_records_train_the_assistant_turns_in_the_chat_template(tmp_path):
     src = _write_jsonl(tmp_path / "chats.jsonl", CHATS)
     manifest = prepare([str(src)], "bytes", str(tmp_path / "out"), workers=1, chat=ChatOptions("chatml"))

@@ -161,7 +161,7 @@ class LoraConfig:
     dropout: float = 0.0
     dora: bool = crossed(False, True)   # weight-decomposed LoRA: a trained magnitude per output row
     targets: list[str] = field(default_factory=list)   # linears whose names end so; empty = every block linear
-    base_dtype: OneOf[BASE_DTYPES] = "float32"         # the frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
+    base_dtype: OneOf[BASE_DTYPES] = crossed("float32", "bfloat16", "nf4")   # frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
 
 
 @dataclass

@@ -37,15 +37,14 @@ class Rows(NamedTuple):
 
 
 def cat_rows(rows: list) -> "Rows | torch.Tensor":
+    """Rows of several sources (a mixture) as one: plain rows are all trained, in one document."""
     if all(isinstance(r, torch.Tensor) for r in rows):
         return torch.cat(rows)
     rows = [r if isinstance(r, Rows) else Rows(r) for r in rows]
-    n = [len(r) for r in rows]
     trained = None if all(r.trained is None for r in rows) else torch.cat(
         [r.trained if r.trained is not None else torch.ones_like(r.tokens, dtype=torch.bool) for r in rows])
     documents = None if all(r.documents is None for r in rows) else torch.cat(
         [r.documents if r.documents is not None else torch.zeros_like(r.tokens, dtype=torch.int32) for r in rows])
-    assert sum(n) == sum(len(r.tokens) for r in rows)
     return Rows(torch.cat([r.tokens for r in rows]), trained, documents)
 
 
@@ -196,10 +195,10 @@ class GlobalBatchSampler:
 def layout_of(stream, data_cfg):
     """How a stream is cut into sequences: instruction data (a loss mask) packed whole, anything else in
     windows, with document numbers where data.document_mask asks for them and the data knows its documents."""
+    document_mask = bool(data_cfg.get("document_mask"))     # a config written before the key existed: off
     if stream.mask is not None:
-        return Packed(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.overlong,
-                      data_cfg.document_mask)
-    starts = stream.starts if data_cfg.document_mask else None
+        return Packed(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.overlong, document_mask)
+    starts = stream.starts if document_mask else None
     return Windows(stream.tokens, data_cfg.seq_len, starts)
 
 

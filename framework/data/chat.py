@@ -200,7 +200,11 @@ class Renderer:
         self.template, self.bos_ids, self.eos_id = template, bos_ids, eos_id
         self._hf = None
         if template.jinja is not None:
-            from transformers import PreTrainedTokenizerFast
+            try:
+                from transformers import PreTrainedTokenizerFast
+            except ImportError:
+                raise ChatError("chat templates are rendered by transformers, which is not installed: "
+                                "pip install 'framework[hf]'") from None
             specials = {"bos_token": template.bos_token} if template.bos_token else {}
             self._hf = PreTrainedTokenizerFast(tokenizer_object=self.tok, chat_template=template.jinja, **specials)
 

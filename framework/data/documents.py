@@ -54,11 +54,13 @@ def text_of(where: str, record, text_key: str) -> str:
     return text
 
 
-def read_records(path: str, columns: list[str] | None = None) -> Iterator[tuple[str, object]]:
-    """(where, record) of one input, read by its source; read errors become DocumentError."""
+def read_records(path: str, columns: list[str] | None = None, reader=None,
+                 split: str = "train") -> Iterator[tuple[str, object]]:
+    """(where, record) of one input, read by `reader` (a data source) or the source that reads its kind; read
+    errors become DocumentError."""
     from framework.data.sources import reader_for
     try:
-        yield from reader_for(path, fallback=True).records(path, columns)
+        yield from (reader or reader_for(path, fallback=True)).records(path, columns, split=split)
     except UnicodeDecodeError as e:
         raise DocumentError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:

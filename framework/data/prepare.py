@@ -132,9 +132,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     files = source.expand(inputs) if source is not None else expand_inputs(inputs)
 
     def read(path, columns):
-        if source is not None:
-            return source.records(path, columns, split=split)
-        return read_records(path, columns)
+        return read_records(path, columns, source, split)
 
     first = _first_record(files, read)
     is_chat = first is not None and is_chat_record(first[1], text_key)

@@ -26,10 +26,13 @@ def positions_in_documents(documents: torch.Tensor) -> torch.Tensor:
     return index - first
 
 
-def _flex():
+def _flex(compiled: bool):
+    """flex_attention: compiled on CUDA (its kernels); eager elsewhere, where it runs as a reference only."""
     global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+    if not compiled:
+        return flex_attention
     if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 
@@ -66,4 +69,4 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, enable_gqa: 
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
-    return _flex()(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
+    return _flex(q.is_cuda)(q, k, v, block_mask=mask, enable_gqa=enable_gqa)

@@ -76,11 +76,9 @@ class Datasets(PreparedSource):
     path_names = "dataset dir, data files or Hub dataset id"
 
     def check(self, data_cfg) -> None:
-        if not data_cfg.path:
-            super().check(data_cfg)
-        if os.path.exists(data_cfg.path) or HUB_ID.fullmatch(data_cfg.path):
-            return
-        raise ConfigError("data.path", f"no such file or dataset directory: {data_cfg.path}")
+        super().check(data_cfg)
+        if not os.path.exists(data_cfg.path) and not HUB_ID.fullmatch(data_cfg.path):
+            raise ConfigError("data.path", f"no such file or dataset directory: {data_cfg.path}")
 
     def expand(self, inputs: list[str]) -> list[str]:
         return list(inputs)         # the dataset's own loader finds its files

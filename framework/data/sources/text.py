@@ -31,4 +31,5 @@ class Text(Source):
 
     def streams(self, data_cfg) -> list[Stream]:
         with open(data_cfg.path, "rb") as f:
-            return [Stream(self.name, np.frombuffer(f.read(), dtype=np.uint8))]
+            tokens = np.frombuffer(f.read(), dtype=np.uint8)
+        return [Stream(self.name, tokens, starts=np.array([0, len(tokens)], dtype=np.int64))]   # one document
