@@ -96,3 +96,30 @@ def test_only_the_adapters_hold_optimizer_state_and_the_planner_agrees(runs):
     assert last["grad_bytes"] == adapters // 2
     assert_planned_model_states(runs["lora"])
     assert losses(runs["lora"])[-1] < losses(runs["lora"])[0]
+
+
+def test_adapters_on_a_transformers_model_load_into_peft(tmp_path):
+    """model=hf: the adapters sit on transformers' own linears, and export names them as peft does."""
+    from framework.export.adapter import write_adapter
+    from framework.models import lora
+    from framework.models.spec import spec_for
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=64)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "base")
+    model_cfg = OmegaConf.create({"_target_": "framework.models.hf.HFCausalLM", "pretrained": str(tmp_path / "base"),
+                                  "config": None})
+    lora_cfg = OmegaConf.create({"rank": 4, "alpha": 8.0, "dropout": 0.0, "dora": False, "targets": []})
+    spec = spec_for(model_cfg)
+    model = spec.build(model_cfg).eval()
+    names = lora.target_linears(model, spec.block_classes(model), [], spec.lora_skip())
+    assert len(names) == 2 * 7          # q, k, v, o, gate, up, down in each block
+    lora.apply_lora(model, names, 4, 8.0)
+    with torch.no_grad():
+        adapters = {n: p.normal_(std=0.1) for n, p in model.named_parameters() if lora.is_adapter(n)}
+    write_adapter(str(tmp_path / "export"), spec, model_cfg, adapters, lora_cfg)
+    tokens = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"), dtype=torch.float32)
+        adapted = peft.PeftModel.from_pretrained(base, str(tmp_path / "export" / "adapter")).eval()
+        assert float((adapted(input_ids=tokens).logits - model(tokens)).abs().max()) <= 1e-5
