@@ -14,7 +14,6 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from framework.models import hf_files
 from framework.models.lora import is_adapter
 
 ADAPTER_DIR = "adapter"
