@@ -155,8 +155,10 @@ def recipes_part() -> list[str]:
            "| recipe | what it is | sets |", "|---|---|---|"]
     for name in user_groups().get(RECIPES, []):
         text = yaml.safe_load((CONFIG_DIR / RECIPES / f"{name}.yaml").read_text())
-        picks = [f"{k.split('/')[-1].strip()}={v}" for entry in text.pop("defaults", [])
-                 for k, v in entry.items()]
+        # a defaults entry picks a group's option, or (a plain name) starts from another recipe
+        picks = [f"+recipe={entry}" if isinstance(entry, str) else
+                 " ".join(f"{k.split('/')[-1].strip()}={v}" for k, v in entry.items())
+                 for entry in text.pop("defaults", []) if entry != "_self_"]
         sets = " ".join(picks + [f"{k}={render(v)}" for k, v in leaves(text).items()])
         out.append(f"| `{name}` | {_cell(option_summary(RECIPES, name))} | {_cell(_code(sets))} |")
     return out + [""]

@@ -12,7 +12,7 @@ from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
-from framework.loss import cross_entropy
+from framework.loss import cross_entropy, global_batch
 from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
 from framework.metrics.logger import truncate_metrics
@@ -53,9 +53,15 @@ class Trainer:
         local = self._local_batch(sampler, step)
         return [] if local is None else micro_batches(local, self.batches.layout.micro_batch)
 
+    def _global_batch(self, sampler, step: int):
+        """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
+        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step) * self.cfg.data.seq_len)
+
     def evaluate(self) -> float:
-        losses = [self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy)
-                  for i in range(self.cfg.trainer.eval_batches)]
+        losses = []
+        for i in range(self.cfg.trainer.eval_batches):
+            with self._global_batch(self.val_data, i):
+                losses.append(self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy))
         return float(torch.stack(losses).mean())
 
     def sample_text(self) -> str:
@@ -97,7 +103,8 @@ class Trainer:
                 with compiles.step(step, interval):
                     local = prefetch.get(self.step)
                     interval.step(data_time=time.perf_counter() - start)
-                    loss = self.batches.forward_backward(step, local)
+                    with self._global_batch(self.train_data, self.step):
+                        loss = self.batches.forward_backward(step, local)
                     faults.inject("step", step)
                     lr = s.current_lr()
                     # Only a logged step waits for the device to read the loss; abort finds a non-finite

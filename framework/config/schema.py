@@ -20,7 +20,9 @@ from framework.axes import crossed
 
 from framework.checkpoint.retention import SCORE_MODES
 from framework.cluster.engines import ENGINES
+from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
+from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 
@@ -144,6 +146,28 @@ class DataConfig:
     sources: list[MixSourceConfig] = field(default_factory=list)   # mix only
     val_fraction: float = 0.05              # share of the corpus held out for val_loss
     num_tokens: int = 1_000_000         # synthetic only
+    # attention stays within each document and positions restart at its start (prepared data: its documents)
+    document_mask: bool = crossed(False, True)
+    overlong: OneOf["split", "truncate"] = "split"   # instruction data: an example longer than a sequence
+    # jsonl, parquet, datasets, chat: tokenized at launch into a dataset under cache_dir (null: ~/.cache/framework)
+    text_key: str = "text"              # the field / column holding a document's text (or a chat's messages)
+    split: str = "train"                # datasets: the split to read
+    chat_template: Optional[OneOf[TEMPLATES]] = None   # chat: null = the tokenizer's own; llama3 | chatml
+    train_on: OneOf[TRAIN_ON] = "assistant"           # chat: the tokens trained (the rest masked from the loss)
+    cache_dir: Optional[str] = None         # where prepared datasets are kept; null: ~/.cache/framework
+    prepared: Optional[str] = None      # set by the launcher: the dataset dir the inputs were prepared into
+
+
+@dataclass
+class LoraConfig:
+    """Parameter-efficient fine-tuning: adapters on the block linears, everything else frozen (models/lora.py)."""
+    enabled: bool = crossed(False, True)    # train adapters instead of the whole model
+    rank: int = 8                           # inner dimension of each adapter (A: rank x in, B: out x rank)
+    alpha: float = 16.0                 # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0                    # dropout on the adapter's input while training
+    dora: bool = crossed(False, True)   # weight-decomposed LoRA: a trained magnitude per output row
+    targets: list[str] = field(default_factory=list)   # linears whose names end so; empty = every block linear
+    base_dtype: OneOf[BASE_DTYPES] = crossed("float32", "bfloat16", "nf4")   # frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
 
 
 @dataclass
@@ -264,5 +288,6 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     seed: int = 0                       # initial weights and every step's batches follow from it
     device: OneOf["auto", "cpu", "cuda"] = "auto"   # auto = cuda where a GPU is visible, else cpu

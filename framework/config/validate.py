@@ -24,8 +24,7 @@ from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
-from framework.data.mixture import BLOCK, block_counts
-from framework.data.sources import DataError, check_token_range, path_kind, source_name, streams
+from framework.data.sources import DataError, check_token_range, source_of, streams
 from framework.devices import check_visible_gpus
 from framework.metrics.trackers import TRACKERS, tracker_class
 from framework.metrics.trackers.mlflow_tracker import tracking_uri
@@ -64,32 +63,12 @@ def validate_model(cfg) -> None:
     if "_target_" not in model or not model._target_:
         raise ConfigError("model._target_", "missing: name the nn.Module class to train")
     _importable("model._target_", model._target_)
-    spec_for(model).validate(cfg)
-
-
-def _megatron_prefix(key: str, path: str) -> None:
-    if not os.path.isfile(path + ".idx") or not os.path.isfile(path + ".bin"):
-        hint = (f"; give the prefix without the extension: {path[:-4]}" if path.endswith((".bin", ".idx"))
-                else "")
-        raise ConfigError(key, f"no {path}.bin and {path}.idx{hint}")
-
-
-def _mixture_sources(cfg) -> None:
-    sources = cfg.data.sources
-    if not sources:
-        raise ConfigError("data.sources", "is empty; give data.sources=[{path: A, weight: 0.7}, {path: B, weight: 0.3}]")
-    for i, source in enumerate(sources):
-        if source.weight <= 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"must be positive, got {source.weight}")
-        if path_kind(source.path) is None:
-            raise ConfigError(f"data.sources[{i}].path", f"no such file, dataset dir or Megatron prefix: {source.path}")
-    names = [source_name(s) for s in sources]
-    if len(set(names)) != len(names):
-        raise ConfigError("data.sources", f"two sources are named alike ({', '.join(names)}); give each a name")
-    for i, count in enumerate(block_counts([s.weight for s in sources])):
-        if count == 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is too small a share to draw one "
-                                                           f"sequence in {BLOCK}; raise it or drop the source")
+    spec = spec_for(model)
+    spec.validate(cfg)
+    if cfg.data.document_mask and not spec.takes_documents:
+        raise ConfigError("data.document_mask", f"{model._target_} (model spec {spec.name}) takes no document "
+                                                f"boundaries; set data.document_mask=false or use a model that does "
+                                                f"(llama, gpt2, moe, hf)")
 
 
 def validate_data_files(cfg) -> None:
@@ -97,17 +76,7 @@ def validate_data_files(cfg) -> None:
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
-    if data.source in ("text", "tokens", "megatron") and not data.path:
-        raise ConfigError("data.path", f"is required for data.source={data.source}; set data.path=/path/to/"
-                                       f"{'prefix' if data.source == 'megatron' else 'file'}")
-    if data.source == "text" and not os.path.isfile(data.path):
-        raise ConfigError("data.path", f"no such file: {data.path}")
-    elif data.source == "tokens" and not os.path.exists(data.path):
-        raise ConfigError("data.path", f"no such file or dataset dir: {data.path}")
-    elif data.source == "megatron":
-        _megatron_prefix("data.path", data.path)
-    elif data.source == "mix":
-        _mixture_sources(cfg)
+    source_of(data).check(data)
 
 
 def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
@@ -128,6 +97,7 @@ def validate_data_contents(cfg) -> None:
     """Opens the data (memmaps; a prepared dataset's token range comes from its manifest, the others'
     are scanned): the last check, after the cheap ones passed."""
     data = cfg.data
+    mixture = source_of(data).mixture
     try:
         found = streams(data)
         for stream in found:
@@ -139,17 +109,24 @@ def validate_data_contents(cfg) -> None:
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
+    for stream in found:
+        if data.document_mask and stream.starts is None:
+            raise ConfigError("data.document_mask", f"data.source={data.source} ({stream.name}) records no document "
+                                                    f"boundaries (a dataset dir from `python -m framework.data."
+                                                    f"prepare` does); set data.document_mask=false")
+        if stream.mask is not None:
+            _enough_examples(cfg, stream, mixture)
     # With no validation fraction at all, the trainer.eval_every rule below says what to change.
     evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
-    for stream in found:
+    for stream in (s for s in found if s.mask is None):
         n = len(stream.tokens)
-        if data.source != "mix" and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
+        if not mixture and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
             split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
             raise ConfigError("data.path", f"{data.path} is empty" if not n else
                               f"{data.path} is too short: it holds {n} tokens, one training sequence needs "
                               f"{data.seq_len + 1}{split}, so at least "
                               f"{_shortest_corpus(data.seq_len, data.val_fraction, evaluates)} tokens")
-        where = f" in {stream.name}" if data.source == "mix" else ""
+        where = f" in {stream.name}" if mixture else ""
         n_val = int(n * data.val_fraction)
         if n - n_val < data.seq_len + 1:
             raise ConfigError("data.seq_len", f"the training split{where} holds {n - n_val} tokens, "
@@ -157,6 +134,43 @@ def validate_data_contents(cfg) -> None:
         if cfg.trainer.eval_every and n_val < data.seq_len + 1:
             raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
                                                     f"sequence; raise data.val_fraction or set trainer.eval_every=0")
+
+
+def _enough_examples(cfg, stream, mixture: bool) -> None:
+    """Instruction data is packed whole: its training split needs an example, its validation split one more
+    where evaluation runs."""
+    from framework.data.batches import split_stream
+    train, val = split_stream(stream, cfg.data.val_fraction)
+    where = f" in {stream.name}" if mixture else ""
+    if len(train.starts) < 2:
+        raise ConfigError("data.path", f"the training split{where} holds no example")
+    if cfg.trainer.eval_every and len(val.starts) < 2:
+        raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
+                                                f"example; raise data.val_fraction or set trainer.eval_every=0")
+
+
+def validate_lora(cfg) -> None:
+    """lora.*: positive sizes, a precision that leaves the linears as they are, and linears to adapt."""
+    c = cfg.lora
+    if not c.enabled:
+        return
+    _positive(cfg, "lora.rank", "lora.alpha")
+    if not 0 <= c.dropout < 1:
+        raise ConfigError("lora.dropout", f"must be in [0, 1), got {c.dropout}")
+    if cfg.precision.name == "float8":
+        raise ConfigError("lora.enabled", "precision=float8 converts the linears the adapters sit on; train "
+                                          "adapters with precision=bf16 (lora.base_dtype=float8 stores the frozen "
+                                          "weights in float8)")
+    from framework.models.factory import ModelFactory
+    import torch
+    factory = ModelFactory(cfg)
+    with torch.device("meta"):
+        model = factory.spec.build(cfg.model, load_weights=False)
+    if not factory.lora_names(model):
+        wanted = f"named {', '.join(c.targets)} " if c.targets else ""
+        raise ConfigError("lora.targets", f"{cfg.model._target_} has no nn.Linear {wanted}in its blocks "
+                                          f"({', '.join(t.__name__ for t in factory.spec.block_classes(model)) or 'none'}) "
+                                          f"to adapt")
 
 
 def validate_profile(cfg) -> None:
@@ -356,6 +370,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
+    validate_lora(cfg)
     strategy_cls.validate(cfg, world_size)
     validate_batch_changes(cfg, strategy_cls, world_size)
     validate_data_contents(cfg)

@@ -9,7 +9,6 @@ the position alone: a step's sequences depend only on seed and step, and resume 
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from framework.data.ramp import BatchSizes
 
@@ -57,12 +56,22 @@ class MixtureSampler:
             within.append(b * self.counts[source[offset]] + rank[offset])
         return np.asarray(sources), np.asarray(within)
 
-    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
+    def local_batch(self, step: int, dp_rank: int, dp_size: int):
+        from framework.data.batches import cat_rows
         per_rank = self.batch_sizes.size(step) // dp_size
         start = self.batch_sizes.offset(step) + dp_rank * per_rank
         rows = [self.samplers[s].sequences(self.samplers[s].ids_at([p]))
                 for s, p in zip(*self.assign(range(start, start + per_rank)))]
-        return torch.cat(rows)
+        return cat_rows(rows)
+
+    def trained_tokens(self, step: int):
+        """Targets step `step`'s global batch trains (None: every position), summed over its sources' sequences."""
+        start = self.batch_sizes.offset(step)
+        counts = [self.samplers[s].layout.trained(self.samplers[s].ids_at([p]))
+                  for s, p in zip(*self.assign(range(start, start + self.batch_sizes.size(step))))]
+        if all(c is None for c in counts):
+            return None
+        return sum(self.seq_len if c is None else c for c in counts)
 
     def sequences_per_source(self, positions: int) -> np.ndarray:
         """How many of the first `positions` positions each source supplied."""

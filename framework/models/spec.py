@@ -48,6 +48,9 @@ class ModelSpec:
     #: True where the model takes its token positions from framework.models.positions and attends through
     #: causal scaled_dot_product_attention: context parallelism can then split its sequences
     context_parallel = False
+    #: True where forward(tokens, documents) keeps attention within packed documents and restarts their
+    #: positions (framework.models.documents): data.document_mask can then pack them
+    takes_documents = False
 
     def config_schema(self) -> Optional[type]:
         """The dataclass that types `model.*` (stored as schema/model/<name> for the yaml files)."""
@@ -137,6 +140,10 @@ class ModelSpec:
         own = getattr(model, "block_classes", None)
         return tuple(own()) if callable(own) else ()
 
+    def lora_skip(self) -> tuple[str, ...]:
+        """Regular expressions of the block linears LoRA leaves alone (an MoE router)."""
+        return ()
+
     def has_blocks(self, model_cfg) -> bool:
         """Whether block_classes is known before the model is built (validation)."""
         return callable(getattr(get_class(model_dict(model_cfg)["_target_"]), "block_classes", None))
@@ -211,6 +218,12 @@ class ModelSpec:
     def to_hf(self, state: dict[str, torch.Tensor], model_cfg) -> dict[str, torch.Tensor]:
         """A full fp32 state dict in our names -> HF names and layout (contiguous, for save_file)."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
+
+    def hf_linear(self, name: str, rows: torch.Tensor, model_cfg) -> tuple[str, torch.Tensor]:
+        """One linear's weight (or a tensor shaped like its rows: a LoRA B) -> (its HF weight name, the rows in
+        HF's order); raises hf_files.LayoutError where the linear has no HF linear of its own."""
+        from framework.models.hf_files import LayoutError
+        raise LayoutError(f"{name} has no Hugging Face linear of its own (model spec {self.name})")
 
     def hf_mismatches(self, hf_config: dict, model_cfg) -> list[tuple[str, str, Any, Any]]:
         """(config.json key, model key, theirs, ours) for each shape-relevant difference."""

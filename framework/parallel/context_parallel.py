@@ -146,6 +146,9 @@ def check_context_parallel(cfg, cp: int, tp: int) -> None:
         raise ConfigError("parallel.cp", f"must be a positive degree, got {cp}")
     if cp == 1:
         return
+    if cfg.data.document_mask:
+        raise ConfigError("data.document_mask", f"parallel.cp={cp} does not split document-masked attention yet; "
+                                                f"set one of them off")
     seq_len = cfg.data.seq_len
     if cfg.trainer.sample_every:
         raise ConfigError("trainer.sample_every", f"a text sample reads the logits of one position, which "

@@ -96,12 +96,31 @@ def _stage_class() -> type:
     return Stage
 
 
+def _documents_along(module: nn.Module, last: bool) -> nn.Module:
+    """The stage module taking (activations, packed documents' numbers), which every stage but the last hands
+    on beside its output, so each stage's attention keeps to the documents."""
+    from torch import nn
+
+    class DocumentsAlong(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stage = module
+
+        def forward(self, x, documents):
+            out = self.stage(x, documents)
+            return out if last else (out, documents)
+    return DocumentsAlong()
+
+
 def build_schedule(name: str, modules: list[nn.Module], ids: list[int], num_stages: int, microbatches: int,
-                   loss_fn: Callable, group: ProcessGroup, device: torch.device):
-    """PipelineStages for this rank's stage modules and the schedule that drives them.
+                   loss_fn: Callable, group: ProcessGroup, device: torch.device, documents: bool = False):
+    """PipelineStages for this rank's stage modules and the schedule that drives them; with `documents` the
+    first stage takes (tokens, documents) and each stage passes the documents on.
 
     Loss is the per-micro-batch mean; the schedule scales gradients by 1/microbatches so they are
     those of the mean over the rank's whole batch."""
+    if documents:
+        modules = [_documents_along(m, i == num_stages - 1) for m, i in zip(modules, ids)]
     stages = [_stage_class()(m, i, num_stages, device, group=group) for m, i in zip(modules, ids)]
     cls = schedule_class(name)
     if canonical_name(name) in SINGLE_STAGE:

@@ -59,6 +59,8 @@ class Strategy:
     needs_process_group = True
     #: what this strategy's workers import when they set up, clip and checkpoint (see worker_preload)
     worker_modules: tuple[str, ...] = ()
+    #: lora.base_dtype values whose frozen weights it can hold (empty: it trains no adapters, lora.enabled refused)
+    adapter_base_dtypes: tuple[str, ...] = ()
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many
@@ -188,6 +190,7 @@ class Strategy:
                               f"{cfg.activation_checkpointing.mode} yet")
         if cfg.trainer.compile and cls.compile_note:
             raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
+        cls.check_adapters(cfg)
         for key in ("tp", "pp", "ep"):
             if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
@@ -197,6 +200,21 @@ class Strategy:
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
         """Rules this strategy adds on top of the shared ones; raise ConfigError."""
+
+    @classmethod
+    def check_adapters(cls, cfg) -> None:
+        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype."""
+        if not cfg.lora.enabled:
+            return
+        from framework.strategies.registry import all_strategy_classes
+        if not cls.adapter_base_dtypes:
+            serving = [name for name, c in all_strategy_classes().items() if c.adapter_base_dtypes]
+            raise ConfigError("lora.enabled", f"parallel={cls.name} does not train adapters yet; use parallel="
+                                              f"{', '.join(serving)}")
+        if cfg.lora.base_dtype not in cls.adapter_base_dtypes:
+            raise ConfigError("lora.base_dtype", f"parallel={cls.name} holds frozen weights in "
+                                                 f"{', '.join(cls.adapter_base_dtypes)}, not {cfg.lora.base_dtype}; "
+                                                 f"use one of those, or parallel=single or ddp")
 
     # ---- inside a worker ----------------------------------------------------------------
     def __init__(self, cfg):
@@ -461,10 +479,10 @@ class TorchStrategy(Strategy):
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.accumulation_context(is_last=i == n - 1), weighted_micro_batch(1 / n):
                 with self.autocast():
-                    loss = loss_fn(self.model(inputs), targets)
+                    loss = loss_fn(self.model(inputs, *documents), targets)
                 self.backward(loss / n)
             total += loss.detach().float()
         return self.reduce_mean(total / n)
@@ -490,7 +508,7 @@ class TorchStrategy(Strategy):
         self.model.eval()
         total = torch.zeros((), device=self.device)
         for batch in micro_batches:
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.autocast():
-                total += loss_fn(self.model(inputs), targets).float()
+                total += loss_fn(self.model(inputs, *documents), targets).float()
         return self.reduce_mean(total / max(1, len(micro_batches)))

@@ -76,6 +76,8 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
     # what the planner reads: every micro-batch's backward reduce-scatters its gradients
     reduces_every_micro_batch = True
     machinery = 2
+    # FSDP2 shards and all-gathers plain tensors; torchao's quantised weights need their own sharding hooks
+    adapter_base_dtypes = ("float32", "bfloat16")
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:

@@ -236,7 +236,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
     def _new_schedule(self):
         return build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,
                               self.schedule_microbatches, lambda output, target: self._loss_fn(output, target),
-                              self.mesh.pp.get_group(), self.device)
+                              self.mesh.pp.get_group(), self.device, documents=self.cfg.data.document_mask)
 
     def _build_schedule(self, microbatches: int) -> None:
         # a second schedule over the same modules runs the forwards without gradient (evaluation, batch
@@ -331,9 +331,9 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         self._loss_fn = loss_fn
         args, kwargs, losses = (), {}, []
         if micro_batches:
-            inputs, targets = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
+            inputs, targets, *documents = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
             if self.holds_first:
-                args = (inputs,)
+                args = (inputs, *documents)
             if self.holds_last:
                 kwargs = {"target": targets, "losses": losses}
         with self.autocast():

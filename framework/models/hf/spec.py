@@ -75,6 +75,7 @@ class HFSpec(ModelSpec):
     name = "hf"
     has_hf_layout = True
     float8_kept = ("gate",)     # the MoE router of Mixtral (block_sparse_moe.gate) and Qwen3-MoE (mlp.gate)
+    takes_documents = True
 
     def config_schema(self) -> type:
         return HFModelConfig
@@ -161,6 +162,9 @@ class HFSpec(ModelSpec):
                 continue
             out[key] = tensor.detach().float().cpu().contiguous()
         return out
+
+    def hf_linear(self, name, rows, model_cfg):
+        return (name[len(PREFIX):] if name.startswith(PREFIX) else name), rows
 
     def hf_mismatches(self, hf_config, model_cfg):
         ours = self.hf_cfg(model_cfg).to_dict()

@@ -23,6 +23,7 @@ from torch import nn
 
 from framework.axes import crossed
 from framework.loss import deferred_logits
+from framework.models.documents import DocumentLayout, attend
 from framework.models.positions import position_rows
 from framework.models.seeding import param_seed
 
@@ -131,9 +132,10 @@ def rope_tables(head_dim: int, seq_len: int, theta: float, device=None,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (batch, seq, heads, head_dim); rotates interleaved pairs (HF's layout is converted on export)."""
+    """x: (batch, seq, heads, head_dim); cos, sin (seq, head_dim / 2) or, per token of packed documents,
+    (batch, seq, head_dim / 2). Rotates interleaved pairs (HF's layout is converted on export)."""
     x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    cos, sin = (cos[None, :, None, :], sin[None, :, None, :]) if cos.dim() == 2 else (cos[:, :, None], sin[:, :, None])
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return rotated.type_as(x)
 
@@ -147,17 +149,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        """`mask`: packed documents' attention (framework.models.documents), with cos/sin already per token."""
         bsz, seq, _ = x.shape
         # -1 instead of the head counts: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(bsz, seq, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq, -1, self.head_dim)
         q, k = self.norm_qk(q, k)
-        cos, sin = position_rows(cos, seq), position_rows(sin, seq)
+        if cos.dim() == 2:
+            cos, sin = position_rows(cos, seq), position_rows(sin, seq)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+        out = attend(q, k, v, mask, enable_gqa=q.shape[1] != k.shape[1])
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
     def norm_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,9 +192,20 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = feed_forward
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
         return x + self.feed_forward(self.ffn_norm(x))
+
+
+def rope_inputs(args, device, documents: Optional[torch.Tensor]):
+    """(cos, sin, attention mask) every block of a forward takes: tables for every position (under sequence
+    parallelism a block holds only a slice of the sequence), or with packed documents the rows of each token's
+    position in its document and the mask that keeps it there."""
+    cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, device=device, scaling=args.rope_scaling)
+    if documents is None:
+        return cos, sin, None
+    layout = DocumentLayout(documents)
+    return layout.rows(cos), layout.rows(sin), layout.mask
 
 
 class Llama(nn.Module):
@@ -207,14 +222,13 @@ class Llama(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
+    def forward(self, tokens: torch.Tensor, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out. `documents`
+        (batch, seq): packed documents' numbers (framework.models.documents)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        # Tables for every position: under sequence parallelism h holds only a slice of the sequence.
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device,
-                               scaling=self.args.rope_scaling)
+        cos, sin, mask = rope_inputs(self.args, h.device, documents)
         for layer in self.layers.values():
-            h = layer(h, cos, sin)
+            h = layer(h, cos, sin, mask)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is None:

@@ -51,9 +51,10 @@ def tensor_parallel_plan(model: Llama, sequence_parallel: bool) -> dict[str, Par
             plan.update({
                 f"{block}.attention_norm": SequenceParallel(),
                 f"{block}.ffn_norm": SequenceParallel(),
-                # Attention also takes the rotary tables (plain tensors, the same on every rank).
-                f"{block}.attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                         desired_input_layouts=(Replicate(), None, None),
+                # Attention also takes the rotary tables and the packed documents' mask (or None): plain,
+                # the same on every rank.
+                f"{block}.attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                                         desired_input_layouts=(Replicate(), None, None, None),
                                                          use_local_output=True),
                 f"{block}.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
                                                             desired_input_layouts=(Replicate(),),

@@ -31,6 +31,9 @@ class MoESpec(LlamaSpec):
     def model_class(self) -> type:
         return MoETransformer
 
+    def lora_skip(self) -> tuple[str, ...]:
+        return (r"\.router\.gate$",)      # adapters go on the dense linears; the experts are not nn.Linear
+
     def active_params(self, model_cfg) -> int:
         return self.args(model_cfg).active_params()
 

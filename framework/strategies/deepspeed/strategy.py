@@ -206,9 +206,9 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError(f"{n} micro-batches per step, DeepSpeed expects {engine.gradient_accumulation_steps()}")
         total = torch.zeros((), device=engine.device)
         for i, batch in enumerate(micro_batches):
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with weighted_micro_batch(1 / n):
-                loss = loss_fn(engine(inputs), targets)
+                loss = loss_fn(engine(inputs, *documents), targets)
                 engine.backward(loss)    # scales by 1/accumulation steps, like the torch path's loss / n
             if i < n - 1:
                 engine.step()            # not a boundary: DeepSpeed only counts the micro-step
@@ -233,8 +233,8 @@ class DeepSpeedStrategy(Strategy):
         self.engine.eval()
         total = torch.zeros((), device=self.engine.device)
         for batch in micro_batches:
-            inputs, targets = self._to_device(batch)
-            total += loss_fn(self.engine(inputs), targets).float()
+            inputs, targets, *documents = self._to_device(batch)
+            total += loss_fn(self.engine(inputs, *documents), targets).float()
         return self.reduce_mean(total / max(1, len(micro_batches)))
 
     def step_metrics(self) -> dict:
