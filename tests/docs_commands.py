@@ -38,6 +38,14 @@ RUN_BY = [
     ("trainer.rampup_batch_size=", "tests/test_howto_commands.py"),
 ]
 
+#: page -> the test file that runs every command on it, in page order (its commands build on each other)
+PAGES = {
+    "docs/how-to/fine-tuning.md": "tests/test_docs_fine_tuning.py",
+    "docs/how-to/moe.md": "tests/test_how_to_moe.py",
+    "docs/how-to/object-storage.md": "tests/test_docs_object_storage.py",
+    "docs/how-to/ray.md": "tests/test_docs_ray.py",
+}
+
 #: marker -> what a command holding it needs that CI does not have
 NEEDS = [
     ("python3 -m venv", "a fresh machine: .ci/run runs the test command, test_torch_requirement holds both to it"),
@@ -92,6 +100,8 @@ def commands() -> list[Command]:
 def owner(command: Command | str) -> str | None:
     """The test file that runs the command, `needs: <what>`, or None where nothing covers it."""
     text = str(command)
+    if isinstance(command, Command) and command.page in PAGES:
+        return PAGES[command.page]
     for marker, test in RUN_BY:
         if marker in text:
             return test

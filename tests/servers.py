@@ -17,18 +17,6 @@ from tests.helpers import REPO
 RAY_STARTUP_S = 180
 
 
-def doc_commands(page: Path, prefix: str = "python -m framework") -> list[str]:
-    """The commands of a docs page's bash blocks that start with `prefix`, continuation lines joined, a pipe
-    into another program and trailing comments dropped."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #", 1)[0].split(" | ", 1)[0].strip()
-            if line.startswith(prefix):
-                commands.append(" ".join(line.split()))
-    return commands
-
-
 def refused(cfg, run_dir: Path) -> list[str]:
     """What `python -m framework` says when it refuses the job of a composed config (conftest's compose_config), run
     in this process (launch.run): it must exit 2 having written nothing; returns its lines on stderr."""

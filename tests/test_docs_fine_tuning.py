@@ -4,21 +4,19 @@ sft_tiny and lora_tiny learn, generate answers in the chat format, and export wr
 merged weights."""
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 
 from framework.data.assets import path as asset_path
-from tests.helpers import REPO
+from tests.docs_commands import run_by
 
-PAGE = REPO / "docs" / "how-to" / "fine-tuning.md"
+
 STEPS = 30
 
 
 def commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), re.S)
-    return [line for block in blocks for line in block.splitlines() if line.strip()]
+    return [c.text for c in run_by(__file__)]
 
 
 def _shortened(command: str) -> str:

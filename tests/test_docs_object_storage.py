@@ -5,14 +5,14 @@ import sys
 
 from framework import storage
 from tests.helpers import REPO, check_ok, run_in_own_session
-from tests.servers import doc_commands, make_bucket
+from tests.docs_commands import run_by
+from tests.servers import make_bucket
 
-PAGE = REPO / "docs" / "how-to" / "object-storage.md"
 
 
 def test_the_pages_commands_save_resume_export_and_keep_the_best(s3_env, tmp_path, monkeypatch):
     make_bucket(s3_env, "my-bucket")
-    save, resume, export, best = commands = doc_commands(PAGE)
+    save, resume, export, best = commands = [c.text for c in run_by(__file__)]
     said = {}
     for command in commands:
         args = command.split()[2:]

@@ -10,11 +10,11 @@ import jsonschema
 import yaml
 
 from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_in_own_session
-from tests.servers import RAY_CLIENT_ENV, doc_commands
+from tests.docs_commands import run_by
+from tests.servers import RAY_CLIENT_ENV
 from tests.test_k8s import RAYJOB_SCHEMA
 
-PAGE = REPO / "docs" / "how-to" / "ray.md"
-LOCAL, EXISTING, KUBERAY = doc_commands(PAGE)
+LOCAL, EXISTING, KUBERAY = [c.text.split(" | ")[0] for c in run_by(__file__)]     # kubectl: not here
 EXACT = 1e-6
 
 

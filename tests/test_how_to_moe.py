@@ -3,22 +3,19 @@ checkout, shortened to 2 steps, and ends with a finite loss."""
 import json
 import math
 import os
-import re
 import shlex
 import sys
 
 import pytest
 
+from tests.docs_commands import run_by
 from tests.helpers import REPO, run_in_own_session
 
-PAGE = REPO / "docs" / "how-to" / "moe.md"
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
 
 
 def page_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
-    return [line.strip() for block in blocks for line in block.splitlines()
-            if line.strip().startswith("python -m framework ")]
+    return [c.text for c in run_by(__file__)]
 
 
 def test_the_page_shows_commands():

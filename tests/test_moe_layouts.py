@@ -8,7 +8,6 @@ resharded to single. The runs are shared by the whole module."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
