@@ -1,5 +1,6 @@
 """Portable weights on real checkpoints: export to the HF Llama layout (transformers gives our logits),
 start any strategy from HF-layout weights (same first loss everywhere), refusal of bad input."""
+import json
 import os
 import pickle
 import shutil
@@ -150,6 +151,12 @@ def export_here(capsys, ckpt: Path, out: Path, *extra: str) -> subprocess.Comple
     return subprocess.CompletedProcess([], code, captured.out, captured.err)
 
 
+def _without_manifest(step: Path) -> None:
+    meta = json.loads((step / "meta.json").read_text())
+    meta.pop("files", None)
+    (step / "meta.json").write_text(json.dumps(meta))
+
+
 def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs, capsys):
     out, marker = tmp_path / "out", tmp_path / "pwned"
     not_a_checkpoint = tmp_path / "empty"
@@ -160,12 +167,15 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs, capsys):
     dcp_ckpt = tmp_path / "dcp"
     shutil.copytree(step_dir(runs("fsdp_z3")), dcp_ckpt)
     (dcp_ckpt / "state" / ".metadata").write_bytes(pickle.dumps(_Exploit(marker)))
+    _refused(export_here(capsys, dcp_ckpt, out), ".metadata is damaged")     # the manifest sees the change first
+    _without_manifest(dcp_ckpt)     # an attacker writes the manifest too (or the checkpoint predates manifests)
     _refused(export_here(capsys, dcp_ckpt, out), "refuses to unpickle")
 
     ds_ckpt = tmp_path / "ds"
     shutil.copytree(step_dir(runs("deepspeed_z2")), ds_ckpt)
     optim = sorted((ds_ckpt / "state").glob("*optim_states.pt"))[0]
     torch.save({"optimizer_state_dict": _Exploit(marker)}, optim)
+    _without_manifest(ds_ckpt)
     _refused(export_here(capsys, ds_ckpt, out), "refuses to unpickle")
     assert not marker.exists() and not out.exists()
 

@@ -23,10 +23,11 @@ SHRINK = ["model=tiny", "data=synthetic", "data.seq_len=32", "data.vocab_size=25
 
 
 def sbatch_script() -> str:
-    """The one sbatch script the docs show: the block of the srun command this test runs."""
+    """The docs' sbatch script of one srun task per GPU: the block of the srun command this test runs
+    (tests/test_torchrun_requeue.py runs the one of one torchrun per node)."""
     (srun,) = run_by(__file__)
-    scripts = [b for path in pages() for b in bash_blocks(path) if "#SBATCH" in b]
-    assert len(scripts) == 1, "the docs show one sbatch script"
+    scripts = [b for path in pages() for b in bash_blocks(path) if "#SBATCH" in b and srun.text in logical_lines(b)]
+    assert len(scripts) == 1, "the docs show one sbatch script of srun tasks"
     assert srun.text in logical_lines(scripts[0])
     return scripts[0]
 

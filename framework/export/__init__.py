@@ -94,7 +94,7 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
         raise ExportError(f"{step_dir}: cannot read the {meta['format']} state ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     base, adapters = adapters_.split_state(state)
-    lora_cfg = OmegaConf.load(os.path.join(step_dir, CONFIG)).get("lora")
+    lora_cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora")
     if merge and not adapters:
         raise ExportError(f"{step_dir} holds no LoRA adapters to merge; export it without --merge")
     try:
