@@ -52,3 +52,12 @@ def compose_config():
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the combination matrix covered and refused (tests/test_matrix.py), when it ran."""
+    from tests.matrix import report
+    if report.LINES:
+        terminalreporter.section("combination matrix")
+        for line in report.LINES:
+            terminalreporter.write_line(line)

@@ -158,6 +158,12 @@ class ModelSpec:
         """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
         return 0
 
+    def smallest_overrides(self, scratch_dir: str) -> list[str]:
+        """Overrides that pick this family's smallest member, with blocks enough for every layout (2 pipeline
+        ranks x 2 virtual stages): the combination matrix crosses it with every option. [] where the family
+        has none (a model the framework knows nothing about). May write a file it needs into scratch_dir."""
+        return []
+
     # ---- metrics ------------------------------------------------------------------------------
     def step_metrics(self, model: nn.Module) -> dict:
         """Numbers of the model itself for the last step's metrics record (e.g. MoE expert loads); every

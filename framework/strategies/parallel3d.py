@@ -70,7 +70,8 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16", "float8")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
-    model_parallel_dims = ("tp", "pp", "ep")
+    model_parallel_dims = ("tp", "pp", "cp", "ep")
+    data_parallel_dims = ("dp_replicate", "dp_shard")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
     # what the planner reads: gradients reduced once a step, at the last micro-batch (or pipeline backward)
     reduces_every_micro_batch = False

@@ -18,6 +18,7 @@ class MoEModelConfig(MoEArgs):
 
 class MoESpec(LlamaSpec):
     name = "moe"
+    smallest = "moe_tiny"
     hf_model_type = "mixtral"
     args_class = MoEArgs
     block_class = MoEBlock
