@@ -46,4 +46,5 @@ def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | Non
            f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={runs}", "hydra.sweep.subdir=${hydra.job.num}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
     proc = run_in_own_session(cmd, cwd=root, env=full_env, timeout=timeout)
+    (root / "sweep.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
     return [runs / str(i) for i in range(len(jobs))], proc
