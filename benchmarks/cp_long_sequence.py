@@ -82,7 +82,7 @@ def main() -> None:
     common = ["model=tiny", f"model.dim={opts.dim}", f"model.n_layers={opts.layers}", "model.n_heads=4",
               "model.n_kv_heads=4", f"model.max_seq_len={opts.seq_len}", f"data.seq_len={opts.seq_len}",
               "trainer.max_steps=1", "trainer.global_batch_size=1", "trainer.micro_batch_size=1",
-              "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false",
+              "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]",
               "checkpoint.enabled=false"]
     layouts = {"cp=1 (parallel=single)": ["parallel=single"],
                "cp=4 (parallel=3d)": ["parallel=3d", "parallel.tp=1", "parallel.pp=1", "parallel.dp_shard=1",

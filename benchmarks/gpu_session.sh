@@ -1,40 +1,39 @@
 #!/usr/bin/env bash
-# The GPU checks the open issues ask for, prepared for a device run (one call runs at most 10 minutes; a
-# session has 15 minutes of device time with the machine's start, so pick the steps by priority):
+# The GPU session in one command, run from the repository's root on the GPU machine:
 #
-#   bash benchmarks/gpu_session.sh STEP [STEP ...]
+#   bash benchmarks/gpu_session.sh --seconds 570 --out "$OUT/results" honest_single honest_fsdp kernels
 #
-#   determinism  issue 30: periodic async saves, trainer.deterministic, its cost     (~3-4 min)
-#   check        issues 32/33: single and fsdp, eager and compiled, reported vs profiler trace, and the
-#                plan timed on this GPU next to each (benchmarks/gpu_check.py)      (~6-8 min)
-#   plain        issue 33: parallel=single vs a plain loop, eager and compiled, 2 rounds   (~6-8 min)
-#   loss_chunk   issue 33: the llama3_8b loss's peak with and without chunking         (~1 min)
-#
-# Before the first device run, here: bash ../shared/gpu/prepare_device_wheels.sh (writes .whl/), then
-# run with carry [".whl"]. Everything printed also goes to $OUT/gpu_session.log (the device returns files
-# from $OUT only). A step that fails or runs out of its time says so and the next one runs.
+# Installs the wheels benchmarks/gather_gpu_wheels.sh gathered into .whl/ (carried to the machine, which has
+# torch but no registry) where the packages are not importable yet, then runs the named stages
+# (benchmarks/gpu/session.py; `--list` shows them with their estimates) within --seconds counted from
+# now, the install included. A stage that would not fit in what is left is skipped with a line saying so.
+# Each stage prints its table as its jobs finish and appends its rows to <out>/<stage>.jsonl; the
+# console also goes to <out>/session.log (docs/benchmarks/gpu-session.md: the calls, and the tables). `--dry-run` runs every stage on this machine's CPU at tiny
+# sizes (tests/test_gpu_session.py does). The project runs from source (PYTHONPATH), not pip install -e:
+# the machine's torch is not the one pyproject.toml pins for CI.
 set -uo pipefail
-out="${OUT:-/tmp}/gpu_session.log"
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH="/tmp/site:$PWD"
-fi
-python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')" | tee -a "$out"
-
-step() {   # name, seconds, command...
-    local name=$1 limit=$2; shift 2
-    echo "== $name (at most ${limit}s): $*" | tee -a "$out"
-    local start=$SECONDS
-    timeout "$limit" "$@" 2>&1 | tee -a "$out"
-    echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start))s" | tee -a "$out"
+export GPU_SESSION_STARTED
+GPU_SESSION_STARTED=$(date +%s.%N)
+py=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+needed=(hydra omegaconf deepspeed torchao pydantic)
+have_all() {   # found, not imported: importing deepspeed alone takes seconds
+    "$py" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))' \
+        "${needed[@]}"
 }
-
-for name in "$@"; do
-    case "$name" in
-        determinism) step determinism 300 python3 benchmarks/gpu_determinism.py ;;
-        check) step check 540 python3 benchmarks/gpu_check.py --only single,fsdp_z3 ;;
-        plain) step plain 540 python3 benchmarks/plain_loop_vs_framework.py --rounds 2 ;;
-        loss_chunk) step loss_chunk 120 python3 benchmarks/loss_chunk_memory.py --chunk 1024 ;;
-        *) echo "unknown step $name (determinism | check | plain | loss_chunk)" | tee -a "$out"; exit 2 ;;
-    esac
-done
+site=${GPU_SESSION_SITE:-/tmp/site}     # where the wheels go: outside the tree, which a device call re-sends
+if ! have_all; then
+    if ! PYTHONPATH="$site:$PYTHONPATH" have_all; then
+        if ! ls .whl/*.whl >/dev/null 2>&1; then
+            echo "error: ${needed[*]} not all installed, and no .whl/ to install them from: run" \
+                 "bash benchmarks/gather_gpu_wheels.sh on the dev machine and carry .whl" >&2
+            exit 2
+        fi
+        echo "installing $(ls .whl/*.whl | wc -l) wheels from .whl/ into $site"
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl \
+            || { echo "error: the wheels in .whl/ did not install" >&2; exit 1; }
+    fi
+    export PYTHONPATH="$site:$PYTHONPATH"
+fi
+exec "$py" -m benchmarks.gpu.session "$@"

@@ -1,19 +1,21 @@
 """`parallel=single` next to the plainest loop that trains the same model on one device (issue 33).
 
     python benchmarks/plain_loop_vs_framework.py [--device cuda] [--rounds 3] [--steps 30] [--warmup 8]
-                                                 [--batch 8] [--no-compile] [-- model overrides ...]
+                                                 [--batch 8] [--sync-every 1] [--no-compile] [-- model overrides ...]
 
 The plain loop builds the framework's model from the same config (framework.models.spec), trains it on
 random tokens with autocast in the job's precision, AdamW (fused on CUDA, foreach on CPU; lr 3e-4, betas
-0.9/0.95, weight decay 0.1), clipping at 1.0 and one host sync a step (the loss), and with --compile each
-block compiled as trainer.compile compiles them. The framework side is `python -m framework parallel=single
-data=synthetic` with the same overrides, one micro-batch a step and a record every step (its loss read on
-the host each step, as the loop reads its own). Each side runs in its own process; rounds interleave them
-(the order alternates) and each run's tokens/s is batch x seq_len over the median step after --warmup.
+0.9/0.95, weight decay 0.1), clipping at 1.0 and one host sync (the loss) every --sync-every steps, and with
+--compile each block compiled as trainer.compile compiles them. The framework side is `python -m framework
+parallel=single data=synthetic` with the same overrides, one micro-batch a step and a record every
+--sync-every steps (its loss read on the host as often as the loop reads its own). Each side runs in its own
+process; rounds interleave them (the order alternates) and each run's tokens/s is batch x seq_len over the
+median step after --warmup (the loop's steps timed between two reads of its loss). `--plain` runs the loop
+side alone and prints its tokens/s, step time and MFU as one JSON line (the GPU session's honest stage).
 Per mode (eager, compiled) it prints both sides, framework / plain (median of the per-round ratios; the
 mark is >= 1.00), its spread (min-max), and the MFU of each side where the device's peak is known.
 
-The default model is the 870M Llama of ../shared/gpu (dim 2048, 16 layers, bf16, 8 x 2048 tokens);
+The default model is the 870M Llama of docs/benchmarks/h100.md (dim 2048, 16 layers, bf16, 8 x 2048 tokens);
 `--device cpu -- model=tiny data.seq_len=64` tries the script itself on a CPU.
 """
 from __future__ import annotations
@@ -47,6 +49,7 @@ def _config(overrides: list[str]):
 def plain(opts) -> None:
     import torch
     from framework.loss import cross_entropy
+    from framework.metrics.mfu import mfu, peak_flops
     from framework.models.spec import spec_for
     from framework.parallel.compile import compile_blocks
     from framework.precision import compute_dtype
@@ -66,25 +69,34 @@ def plain(opts) -> None:
     seq, vocab = int(cfg.data.seq_len), int(cfg.model.get("vocab_size") or cfg.data.vocab_size)
     dtype = compute_dtype(cfg.precision.name)
     autocast = cfg.precision.name != "fp32"
-    times = []
-    for _ in range(opts.steps):
+    times = []              # seconds a step, each the mean over the steps between two reads of the loss
+    start = time.perf_counter()
+    for step in range(1, opts.steps + 1):
         tokens = torch.randint(0, vocab, (opts.batch, seq + 1), device=opts.device)
-        start = time.perf_counter()
         with torch.autocast(torch.device(opts.device).type, dtype=dtype, enabled=autocast):
             loss = cross_entropy(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.item()
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"tokens_per_sec": opts.batch * seq / statistics.median(times[opts.warmup:])}))
+        if step % opts.sync_every == 0:
+            loss.item()
+            now = time.perf_counter()
+            if step > opts.warmup:
+                times.append((now - start) / opts.sync_every)
+            start = now
+    step_s = statistics.median(times)
+    tokens_per_sec = opts.batch * seq / step_s
+    flops = spec.flops_per_token(cfg.model, seq)
+    peak = peak_flops(torch.device(opts.device), cfg.logging, cfg.precision)
+    print(json.dumps({"tokens_per_sec": tokens_per_sec, "step_s": step_s, "mfu": mfu(flops, tokens_per_sec, peak, 1)}))
 
 
 # ---- the framework side and the table ------------------------------------------------------------
 def run_plain(opts, compiled: bool) -> float:
     cmd = [sys.executable, __file__, "--plain", "--device", opts.device, "--steps", str(opts.steps),
-           "--warmup", str(opts.warmup), "--batch", str(opts.batch), *(["--compile"] if compiled else []),
+           "--warmup", str(opts.warmup), "--batch", str(opts.batch), "--sync-every", str(opts.sync_every),
+           *(["--compile"] if compiled else []),
            "--", *opts.overrides]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=opts.timeout)
     if proc.returncode != 0:
@@ -98,8 +110,8 @@ def run_framework(opts, compiled: bool) -> float:
         cmd = [sys.executable, "-m", "framework", "parallel=single", "data=synthetic", *opts.overrides,
                f"device={opts.device}", f"trainer.global_batch_size={opts.batch}",
                f"trainer.micro_batch_size={opts.batch}", f"trainer.compile={str(compiled).lower()}",
-               f"trainer.max_steps={opts.steps}", "trainer.log_every=1", "trainer.eval_every=0",
-               "trainer.progress_bar=false", "logging.tensorboard=false", "checkpoint.enabled=false",
+               f"trainer.max_steps={opts.steps}", f"trainer.log_every={opts.sync_every}", "trainer.eval_every=0",
+               "trainer.progress_bar=false", "logging.trackers=[]", "checkpoint.enabled=false",
                "planner.check=false", f"hydra.run.dir={run_dir}"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=opts.timeout)
         if proc.returncode != 0:
@@ -128,6 +140,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--sync-every", type=int, default=1, help="steps between two reads of the loss (the plain side)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)

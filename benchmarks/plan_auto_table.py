@@ -1,5 +1,5 @@
 """What parallel=auto picks for Llama 3 8B / 70B / 405B on 8, 64 and 512 H100s (bf16, sequences of
-8192 tokens, 2 sequences per GPU per step), with the planner's memory and MFU: the README table.
+8192 tokens, 2 sequences per GPU per step), with the planner's memory and MFU: the table in docs/benchmarks/planner.md.
 
     python benchmarks/plan_auto_table.py
 """

@@ -1,5 +1,5 @@
-"""The planner against the measured H100 rows (tests/fixtures/h100_single_gpu.jsonl, a copy of the shared
-GPU session's, or the path given):
+"""The planner against the measured H100 rows (tests/fixtures/h100_single_gpu.jsonl, the session
+docs/benchmarks/h100.md describes, or the path given):
 each row's planned peak memory and step time next to what the GPU measured. Static: no GPU needed.
 `python benchmarks/plan_gpu_rows.py [ROWS.jsonl]`"""
 import json

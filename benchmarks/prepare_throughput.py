@@ -81,7 +81,7 @@ def training(dataset: Path, seq_len: int, batch: int, steps: int, run_dir: Path)
     cmd = [sys.executable, "-m", "framework", "model=small", "data=tokens", f"data.path={dataset}",
            f"data.seq_len={seq_len}", f"trainer.max_steps={steps}", f"trainer.global_batch_size={batch}",
            f"trainer.micro_batch_size={batch}", "trainer.log_every=1", "trainer.eval_every=0",
-           "trainer.progress_bar=false", "logging.tensorboard=false", "checkpoint.enabled=false",
+           "trainer.progress_bar=false", "logging.trackers=[]", "checkpoint.enabled=false",
            f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ARGS = ["model=tiny", "data.seq_len=32", "trainer.max_steps=8", "trainer.global_batch_size=8",
         "trainer.micro_batch_size=2", "trainer.log_every=1", "trainer.eval_every=6", "trainer.eval_batches=1",
-        "trainer.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=3e-3", "scheduler.warmup_steps=2",
+        "trainer.progress_bar=false", "logging.trackers=[]", "optimizer.lr=3e-3", "scheduler.warmup_steps=2",
         "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=true", "checkpoint.interval=4",
         "launcher.max_restarts=3"]
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = ["model=small", "model.dim=768", "model.n_layers=12", "model.n_heads=12", "model.n_kv_heads=12",
          "model.vocab_size=8192", "data=synthetic", "data.vocab_size=8192", "data.seq_len=32",
          "data.num_tokens=100000", "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
-         "checkpoint.enabled=false", "logging.tensorboard=false"]
+         "checkpoint.enabled=false", "logging.trackers=[]"]
 LAYOUTS = {
     "ddp": ["parallel=ddp"],
     "fsdp": ["parallel=fsdp", "zero=stage3"],

@@ -9,9 +9,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from framework import exit_codes, launch
+from framework import exit_codes, launch, sweep_gpus
 from framework.config.paths import CONFIG_DIR
+from framework.config.removed import refuse_removed_keys
 from framework.config_store import register_configs
+from framework.errors import ConfigError
 
 _task_started = False
 _failed_points: set[int] = set()
@@ -57,6 +59,14 @@ def main() -> None:
         from framework.config.help import help_text
         print(help_text())
         return
+    try:
+        refuse_removed_keys(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(exit_codes.USAGE)
+    if {"-m", "--multirun"} & set(sys.argv[1:]):
+        import torch
+        sweep_gpus.remember_node_gpus(os.environ, torch.cuda.device_count())
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)

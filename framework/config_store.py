@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from framework.config import schema
+from framework.data import assets
 
 
 def register_configs() -> None:
     from framework.models.spec import SPECS, spec_named
     from framework.strategies.registry import all_strategy_classes
 
+    # `${fw_asset:NAME}`: a data file the package ships (recipes sft_tiny, lora_tiny), wherever it is installed
+    OmegaConf.register_new_resolver("fw_asset", assets.path, replace=True)
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=schema.Config)
     for name, cls in all_strategy_classes().items():

@@ -49,11 +49,18 @@ def _who_sets_local_workers() -> str:
     return "launcher.nproc_per_node"
 
 
+def own_gpu_per_task() -> bool:
+    """Whether the launcher gave this process a GPU of its own (srun --gpus-per-task=1, --gpu-bind): it then
+    sees only that one, whatever its local rank."""
+    placement = discover(os.environ)
+    return isinstance(placement, Worker) and placement.own_gpu
+
+
 def check_visible_gpus(cfg, world_size: int) -> None:
     """One GPU per worker: a second rank on one GPU dies at set_device or is refused by NCCL."""
     if device_type(cfg) != "cuda":
         return
-    need, gpus = local_workers(world_size), torch.cuda.device_count()
+    need, gpus = (1 if own_gpu_per_task() else local_workers(world_size)), torch.cuda.device_count()
     if need > gpus:
         raise ConfigError("launcher.nproc_per_node",
                           f"{need} workers on this node but {gpus} visible GPU{'s' if gpus != 1 else ''}; "
@@ -106,7 +113,8 @@ def prepare_worker(cfg, device: torch.device) -> None:
 
 
 def local_gpu() -> int:
-    """The GPU index this process trains on (the first one in the launcher that spawns the workers)."""
+    """The GPU index this process trains on (the first one in the launcher that spawns the workers; 0 in a
+    task that sees only its own GPU: framework.cluster.env.Worker.torch_env)."""
     return int(os.environ.get("LOCAL_RANK", 0))
 
 

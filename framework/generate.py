@@ -5,6 +5,10 @@
 Reads the weights of any strategy's checkpoint (or an export dir), the tokenizer recorded beside them,
 and samples with temperature and top-k from a torch.Generator seeded by --seed: the same seed prints the
 same text. --temperature 0 is greedy. Unusable input exits 2 with one `error:` line.
+
+A model trained on chat data (its checkpoint records the chat template) answers: the prompt is a user turn
+rendered with that template and the generation prompt, and the printed answer ends at the end of the turn.
+--raw continues the prompt as plain text instead.
 """
 from __future__ import annotations
 
@@ -33,14 +37,16 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int, generator: 
 
 @torch.no_grad()
 def sample(model, ids: list[int], max_new_tokens: int, temperature: float = 0.8, top_k: int = 50,
-           seed: int = 0, eos_id: int | None = None, window: int | None = None) -> list[int]:
-    """Continue `ids` token by token (the last `window` tokens each time: these models are small)."""
+           seed: int = 0, eos_id: int | None = None, window: int | None = None,
+           stop_ids: tuple[int, ...] = ()) -> list[int]:
+    """Continue `ids` token by token (the last `window` tokens each time: these models are small), until
+    `eos_id` or one of `stop_ids`."""
     generator = torch.Generator().manual_seed(seed)
     tokens = list(ids)
     window = window or getattr(model, "context_length", None)
     for _ in range(max_new_tokens):
         next_id = next_token(model(torch.tensor([tokens[-window:]]))[0, -1], temperature, top_k, generator)
-        if next_id == eos_id:
+        if next_id == eos_id or next_id in stop_ids:
             break
         tokens.append(next_id)
     return tokens[len(ids):]
@@ -78,10 +84,16 @@ def _from_checkpoint(path: str):
     from framework.checkpoint.manager import CONFIG, read_meta
     from framework.data.tokenizer import of_checkpoint
     from framework.export.read import READERS
+    from framework.models import lora
     from framework.models.spec import spec_for
     meta = read_meta(path)
     cfg = OmegaConf.load(os.path.join(path, CONFIG))
-    model = _built(spec_for(cfg.model), cfg.model)
+    spec = spec_for(cfg.model)
+    model = _built(spec, cfg.model)
+    c = cfg.get("lora")
+    if c is not None and c.enabled:        # the adapters on a float32 base, as the exporter merges them
+        names = lora.target_linears(model, spec.block_classes(model), c.targets, spec.lora_skip())
+        lora.apply_lora(model, names, c.rank, c.alpha, c.dropout, c.dora)
     model.load_state_dict(READERS[meta["format"]](path))
     return model, of_checkpoint(path, cfg.data)
 
@@ -104,14 +116,33 @@ def load(path: str):
     return model.eval(), tok
 
 
-def continuation(model, tok, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int) -> str:
+def _eos_id(tok) -> int | None:
     from framework.data.tokenizer import TokenizerError, eos_token
     try:
-        eos_id = eos_token(tok)[1]
+        return eos_token(tok)[1]
     except TokenizerError:
-        eos_id = None
+        return None
+
+
+def continuation(model, tok, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int) -> str:
+    eos_id = _eos_id(tok)
     ids = tok.encode(prompt, add_special_tokens=False).ids or ([eos_id] if eos_id is not None else [0])
     return tok.decode(sample(model, ids, max_new_tokens, temperature, top_k, seed, eos_id))
+
+
+def answer(model, tok, chat: dict, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int,
+           system: str | None = None) -> str:
+    """The assistant's answer to `prompt` as a user turn, in the chat template the model was trained with."""
+    from transformers import PreTrainedTokenizerFast
+
+    from framework.data.chat import END_OF_TURN
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=chat["chat_template"],
+                                 **({"bos_token": chat["bos_token"]} if chat.get("bos_token") else {}))
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    text = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False).ids
+    stops = tuple(i for i in (tok.token_to_id(t) for t in END_OF_TURN) if i is not None)
+    return tok.decode(sample(model, ids, max_new_tokens, temperature, top_k, seed, _eos_id(tok), stop_ids=stops))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=50, help="0 = the whole vocabulary")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--raw", action="store_true",
+                        help="continue the prompt as text even where the model was trained on chats")
+    parser.add_argument("--system", default=None, help="chat models: a system message before the prompt")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 0:
         parser.error("--max-new-tokens must not be negative")
@@ -133,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     except GenerateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from framework.data.tokenizer import chat_config_in
+    chat = {} if args.raw else chat_config_in(args.path)
+    if chat:
+        print(answer(model, tok, chat, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                     args.system))
+        return 0
     text = continuation(model, tok, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
     print(args.prompt + text)
     return 0

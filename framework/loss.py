@@ -1,6 +1,15 @@
 """The training loss: next-token cross-entropy in fp32 over (..., vocab) logits, the mean over the targets
 that are not ignore_index (-100). The trainer trains with it and the planner measures and times with it.
 
+Masked targets (instruction data trains only some tokens) make a micro-batch's own mean depend on how the
+global batch was split: a micro-batch of few trained tokens would weigh as much as one of many. So within
+`global_batch(trained, positions)` -- the trained targets of the whole global batch, and all its target
+positions, both known from the data alone -- a micro-batch's loss is its sum over trained tokens scaled so
+that the equal-weight mean every strategy takes (over micro-batches, pipeline micro-batches, data- and
+context-parallel ranks: all calls of one global batch cover equally many positions) is the sum over the
+global batch's trained tokens divided by their count: the same number, and gradient, for every layout.
+Without masked targets the scale is one and this is the plain mean.
+
 `micro_batch_weight` is the factor a strategy scales one micro-batch's loss by before backward (1/n for
 n accumulated micro-batches): a model that adds a loss of its own to the graph (MoE balancing) weights
 it alike, so the step's gradient does not depend on how the batch is split.
@@ -29,6 +38,7 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100     # F.cross_entropy's default: targets equal to it add nothing and are not counted
 
 _weight = [1.0]
+_global: list = [None]      # (trained targets, target positions) of the global batch being run
 
 
 @contextlib.contextmanager
@@ -43,6 +53,26 @@ def weighted_micro_batch(weight: float):
 
 def micro_batch_weight() -> float:
     return _weight[0]
+
+
+@contextlib.contextmanager
+def global_batch(trained: int | None, positions: int):
+    """Within: losses are shares of this global batch's mean over its `trained` targets (None: all
+    `positions` are trained, the plain mean)."""
+    previous, _global[0] = _global[0], None if trained is None or trained == positions else (trained, positions)
+    try:
+        yield
+    finally:
+        _global[0] = previous
+
+
+def _mean(loss_sum: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A sum of per-token losses as this micro-batch's loss: its share of the global batch's mean (see above),
+    or, outside a global batch, its own mean over trained targets."""
+    if _global[0] is None:
+        return loss_sum / (targets != IGNORE_INDEX).sum().clamp(min=1)
+    trained, positions = _global[0]
+    return loss_sum * (positions / targets.numel() / max(trained, 1))
 
 
 _deferred = threading.local()
@@ -67,7 +97,9 @@ def cross_entropy(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             raise RuntimeError(f"the loss got a {tuple(output.shape)} output where the model deferred its head "
                                f"on {tuple(shape)} hidden states")
         return chunked_cross_entropy(output, head, targets, chunk_tokens)
-    return F.cross_entropy(output.flatten(0, -2).float(), targets.flatten())
+    if _global[0] is None:
+        return F.cross_entropy(output.flatten(0, -2).float(), targets.flatten())
+    return _mean(F.cross_entropy(output.flatten(0, -2).float(), targets.flatten(), reduction="sum"), targets)
 
 
 def _chunk_loss_sum(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -83,4 +115,4 @@ def chunked_cross_entropy(hidden: torch.Tensor, head, targets: torch.Tensor, chu
             total = total + checkpoint(_chunk_loss_sum, head, h, t, use_reentrant=False)
         else:
             total = total + _chunk_loss_sum(head, h, t)
-    return total / (targets != IGNORE_INDEX).sum()
+    return _mean(total, targets)

@@ -23,6 +23,10 @@ import torch
 import torch.distributed as dist
 
 
+#: a file a wrapping launcher (framework.torchrun) names: workers that stopped with their checkpoint saved say so there
+REQUEUE_REPORT = "FRAMEWORK_REQUEUE_REPORT"
+
+
 class Preempted(Exception):
     """Raised by the trainer after the checkpoint of `step` is on disk."""
 
@@ -90,6 +94,14 @@ class PreemptionWatch:
             keep_out = self.received is not None and handler in (signal.SIG_DFL, None)
             signal.signal(number, signal.SIG_IGN if keep_out else handler)
         self._previous = {}
+
+
+def report_requeue(rank: int) -> None:
+    """Tell the launcher that wraps this worker's (framework.torchrun) that it stopped with a checkpoint saved."""
+    path = os.environ.get(REQUEUE_REPORT)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{rank}\n")
 
 
 def pass_on(signum: int | None) -> None:

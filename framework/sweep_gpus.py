@@ -1,21 +1,32 @@
-"""GPUs for sweep points that run at the same time in one process pool on one machine
-(`hydra/launcher=joblib` with `hydra.launcher.n_jobs` > 1): each pool worker holds one slot of the
-sweep (a lock file under the sweep dir, kept while the worker process lives) and sees only that
-slot's share of the visible GPUs through CUDA_VISIBLE_DEVICES. Without this every point counted all
-GPUs and its rank 0 used GPU 0. A concurrency the GPUs cannot hold is refused (ConfigError).
+"""GPUs for sweep points that run at the same time on one machine, each seeing only its own slice of the
+machine's GPUs through CUDA_VISIBLE_DEVICES. Without this every point counted all GPUs and its rank 0 used
+GPU 0. A concurrency the GPUs cannot hold is refused (ConfigError).
 
-The slot and the variable are fixed for the pool worker's life, before anything asks CUDA: the worker's
-fork server, started at its first point, passes the same variable to the ranks of every later point.
+- `hydra/launcher=joblib` with `hydra.launcher.n_jobs` > 1: each pool worker holds one slot of the sweep (a
+  lock file under the sweep dir, kept while the worker process lives). The slot and the variable are fixed for
+  the pool worker's life, before anything asks CUDA: the worker's fork server, started at its first point,
+  passes the same variable to the ranks of every later point.
+- `hydra/launcher=local` (submitit's local executor): it starts every point of a batch at once, as tasks
+  (one per rank) whose CUDA_VISIBLE_DEVICES it overwrites ('' without gpus_per_node, else the same '0,1,...'
+  for every point). So the sweep's own process records the machine's GPUs first (`remember_node_gpus`), and
+  in each point its task 0 holds a slot (lock file) while it lives and writes the slice for its other tasks.
 """
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import time
 from typing import Optional
 
 from framework.errors import ConfigError
 
 _held: Optional[tuple[str, object, str]] = None   # this process's (sweep dir, open slot lock file, GPU slice)
+#: the GPUs the machine offers a sweep, recorded by the sweep's own process before its launcher starts points
+NODE_GPUS = "FRAMEWORK_SWEEP_NODE_GPUS"
+SUBMITIT_LOCAL = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+#: how long a point's other tasks wait for its task 0 to take a slot
+SLICE_WAIT_S = 120.0
 
 
 def concurrent_points(launcher_cfg) -> int:
@@ -84,16 +95,88 @@ def share_gpus_among_points(launcher_cfg, sweep_dir: str, nproc_per_node: Option
     return mine
 
 
+def remember_node_gpus(env, device_count: int) -> None:
+    """In the process that runs a sweep (before its launcher starts any point): the machine's GPUs, which
+    submitit's local executor hides from the points it starts."""
+    env.setdefault(NODE_GPUS, ",".join(visible_gpu_ids(env, device_count)))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _local_executor_slice(ids: list[str], sweep_dir: str, per: int, env) -> str:
+    """Task 0 of the point takes the first free slot (held while it lives) and writes the slice, or the
+    refusal, for the point's other tasks, which wait for it."""
+    job, task = env["SUBMITIT_LOCAL_JOB_ID"], int(env.get("SUBMITIT_LOCAL_LOCALID", "0"))
+    decided = os.path.join(sweep_dir, ".gpu_slots", f"job_{job}.json")
+    if task == 0:
+        slots = len(ids) // per
+        try:
+            if slots == 0:
+                raise ConfigError("launcher.nproc_per_node", f"each sweep point needs {per} GPUs but {len(ids)} "
+                                                             f"are visible")
+            try:
+                slot, lock = claim_slot(sweep_dir, slots)
+            except ConfigError:
+                raise ConfigError("hydra.launcher", f"hydra/launcher=local starts a batch's sweep points at once; "
+                                                    f"{len(ids)} GPUs hold {slots} of launcher.nproc_per_node={per} "
+                                                    f"each: sweep at most {slots} points at once "
+                                                    f"(hydra.sweeper.max_batch_size={slots})") from None
+        except ConfigError as e:
+            os.makedirs(os.path.dirname(decided), exist_ok=True)
+            _write_atomically(decided, json.dumps({"key": e.key, "error": str(e).partition(": ")[2]}))
+            raise
+        mine = ",".join(ids[slot * per:(slot + 1) * per])
+        global _held
+        _held = (sweep_dir, lock, mine)
+        _write_atomically(decided, json.dumps({"gpus": mine}))
+        return mine
+    deadline = time.monotonic() + SLICE_WAIT_S
+    while not os.path.exists(decided):
+        if time.monotonic() > deadline:
+            raise ConfigError("hydra.launcher", f"task 0 of sweep point {job} took no GPU slice within "
+                                                f"{SLICE_WAIT_S:.0f} s")
+        time.sleep(0.05)
+    with open(decided) as f:
+        found = json.load(f)
+    if "error" in found:
+        raise ConfigError(found["key"], found["error"])
+    return found["gpus"]
+
+
+def share_gpus_among_local_jobs(launcher_cfg, sweep_dir: str, nproc_per_node: Optional[int], env) -> Optional[str]:
+    """hydra/launcher=local: set env["CUDA_VISIBLE_DEVICES"] to this point's own slice of the machine's GPUs
+    (launcher.nproc_per_node of them, one per task) and return it; None on a machine without GPUs."""
+    if launcher_cfg is None or launcher_cfg.get("_target_") != SUBMITIT_LOCAL or "SUBMITIT_LOCAL_JOB_ID" not in env:
+        return None
+    ids = [g for g in env.get(NODE_GPUS, "").split(",") if g.strip()]
+    if not ids:
+        return None
+    if _held is not None and _held[0] == sweep_dir:
+        mine = _held[2]
+    else:
+        mine = _local_executor_slice(ids, sweep_dir, nproc_per_node or 1, env)
+    env["CUDA_VISIBLE_DEVICES"] = mine
+    return mine
+
+
 def for_this_point(cfg) -> None:
     """Under a Hydra multirun on CUDA: this point's GPUs, before anything else asks CUDA."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
+    hydra_cfg = HydraConfig.get()
+    if cfg.device != "cpu" and share_gpus_among_local_jobs(hydra_cfg.launcher, hydra_cfg.sweep.dir,
+                                                           cfg.launcher.nproc_per_node, os.environ) is not None:
+        return
     from framework.devices import device_type
     if device_type(cfg) != "cuda":
         return
     import torch
-    hydra_cfg = HydraConfig.get()
     share_gpus_among_points(hydra_cfg.launcher, hydra_cfg.sweep.dir, cfg.launcher.nproc_per_node, os.environ,
                             torch.cuda.device_count())

@@ -12,7 +12,7 @@ from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.elastic import group_continues
-from framework.loss import cross_entropy
+from framework.loss import cross_entropy, global_batch
 from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
 from framework.metrics.logger import truncate_metrics
@@ -25,30 +25,43 @@ from framework.nonfinite import NonFiniteLoss
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.preemption import Preempted, PreemptionWatch
+from framework.step_batches import StepBatches
 from framework.watchdog import StallWatchdog
 
 
 class Trainer:
-    def __init__(self, cfg, strategy, run_dir: str):
+    def __init__(self, cfg, strategy, run_dir: str, on_record=None):
         self.cfg = cfg
         self.strategy = strategy
+        self.on_record = on_record      # every rank's view of each metrics record (framework.worker.run_worker)
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
-        self.train_data, self.val_data = build_samplers(cfg.data, t.global_batch_size, cfg.seed,
+        self.batches = StepBatches(cfg, strategy)
+        self.train_data, self.val_data = build_samplers(cfg.data, self.batches.sizes, cfg.seed,
                                                         with_val=bool(t.eval_every))
         self.text_sampler = (TextSampler(of_data(cfg.data), t.sample_prompt, t.sample_tokens, cfg.data.seq_len,
                                          t.global_batch_size, cfg.seed) if t.sample_every else None)
         self.step = 0
 
-    def _local_micro_batches(self, sampler, step: int):
+    def _local_batch(self, sampler, step: int):
         s = self.strategy
-        if not s.needs_batches:
-            return []
-        return micro_batches(sampler.local_batch(step, s.dp_rank, s.dp_size), self.cfg.trainer.micro_batch_size)
+        return sampler.local_batch(step, s.dp_rank, s.dp_size) if s.needs_batches else None
+
+    def _local_micro_batches(self, sampler, step: int):
+        """A batch of the final global size (evaluation, samples), as micro-batches."""
+        self.batches.plan(self.batches.layout)
+        local = self._local_batch(sampler, step)
+        return [] if local is None else micro_batches(local, self.batches.layout.micro_batch)
+
+    def _global_batch(self, sampler, step: int):
+        """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
+        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step) * self.cfg.data.seq_len)
 
     def evaluate(self) -> float:
-        losses = [self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy)
-                  for i in range(self.cfg.trainer.eval_batches)]
+        losses = []
+        for i in range(self.cfg.trainer.eval_batches):
+            with self._global_batch(self.val_data, i):
+                losses.append(self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy))
         return float(torch.stack(losses).mean())
 
     def sample_text(self) -> str:
@@ -69,12 +82,13 @@ class Trainer:
         if s.is_main and (resume or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
-        records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step)
+        records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step,
+                              self.batches.sizes, self.on_record)
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
         profiler = StepProfiler(t.profile, self.run_dir, s.rank, s.device)
-        prefetch = BatchPrefetcher(lambda step: self._local_micro_batches(self.train_data, step))
+        prefetch = BatchPrefetcher(lambda step: self._local_batch(self.train_data, step))
         compiles = CompileWatch(t.compile, s.is_main)
         nonfinite = NonFiniteLoss()
         interval = LogInterval()    # the loop's wall time, one record at a time (what step_time covers)
@@ -87,9 +101,10 @@ class Trainer:
                     profiler.before_step(step)
                 start = time.perf_counter()
                 with compiles.step(step, interval):
-                    batches = prefetch.get(self.step)
+                    local = prefetch.get(self.step)
                     interval.step(data_time=time.perf_counter() - start)
-                    loss = s.forward_backward(batches, cross_entropy)
+                    with self._global_batch(self.train_data, self.step):
+                        loss = self.batches.forward_backward(step, local)
                     faults.inject("step", step)
                     lr = s.current_lr()
                     # Only a logged step waits for the device to read the loss; abort finds a non-finite
@@ -109,7 +124,8 @@ class Trainer:
                     nonfinite.check()
                     record = records.start(step, loss, lr, grad_norm,
                                            model_factory.spec.step_metrics(s.unwrapped_model()),
-                                           self.train_data.consumed(step), compiles.record())
+                                           self.train_data.consumed(step), compiles.record(),
+                                           self.batches.record(step))
                     with interval.timed_apart("eval_time"):
                         if do_eval:
                             faults.inject("eval", step)
@@ -120,7 +136,7 @@ class Trainer:
                 if saved:
                     nonfinite.check()    # never write a non-finite state
                     with interval.timed_apart("save_time"):
-                        checkpoints.save(step)
+                        checkpoints.save(step, record if logs else None)
                     records.saved()
                 if logs:
                     timing = interval.record()
@@ -139,10 +155,10 @@ class Trainer:
             totals = interval.totals()
             preemption.finish()
             checkpoints.finish()
+            records.finish(time.perf_counter() - started, self.step, totals)
         finally:
             prefetch.close()
             profiler.close()
             watchdog.stop()
             preemption.close()
             records.close()
-        records.print_summary(time.perf_counter() - started, self.step, totals)

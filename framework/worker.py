@@ -12,9 +12,11 @@ import traceback
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from framework import determinism, exit_codes
+from framework import determinism, exit_codes, storage
 from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
-from framework.preemption import Preempted, pass_on, signal_number
+from framework.metrics.gpu_health import GpuFault
+from framework.preemption import Preempted, pass_on, report_requeue, signal_number
+from framework.step_batches import OutOfMemoryAtOneSequence
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -29,22 +31,32 @@ def _peer_failure(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection reset", "timed out"))
 
 
-def run_worker(cfg, run_dir: str) -> None:
+def run_worker(cfg, run_dir: str, on_record=None) -> None:
+    """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them)."""
     determinism.apply(cfg)
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:
-        Trainer(cfg, strategy, run_dir).fit()
+        Trainer(cfg, strategy, run_dir, on_record).fit()
     except Preempted as e:
         strategy.teardown()
-        saved = os.path.isfile(os.path.join(checkpoint_dir(cfg, run_dir), step_dir_name(e.step), META))
+        saved = storage.isfile(storage.join(checkpoint_dir(cfg, run_dir), step_dir_name(e.step), META))
         if strategy.is_main:
             print(f"preempted: {e}; the checkpoint is saved, exit {exit_codes.REQUEUE} asks for a requeue "
                   f"(run again with checkpoint.resume=auto)" if saved else
                   f"preempted: {e}; no checkpoint saved (checkpoint.enabled=false): nothing to resume from",
                   file=sys.stderr)
+        if saved:
+            report_requeue(strategy.rank)
         pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE if saved else 1)
+    except (GpuFault, OutOfMemoryAtOneSequence) as e:
+        # every rank read the same gathered counts, or the same agreed report, and stopped at the same step
+        strategy.teardown()
+        code = exit_codes.GPU_FAULT if isinstance(e, GpuFault) else 1
+        if strategy.is_main:
+            print(f"error: {'GPU fault: ' if code == exit_codes.GPU_FAULT else ''}{e}", file=sys.stderr, flush=True)
+        sys.exit(code)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.
     strategy.teardown()
@@ -80,7 +92,7 @@ def _parent_of(pid: int) -> int | None:
 def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     cfg = OmegaConf.create(config_yaml)
     for number in map(signal_number, cfg.launcher.preempt_signals):
-        if number is not None:    # the fork server ignores them (launch.start_fork_server) and so did we
+        if number is not None:    # the fork server ignores them (launchers.torch.start_fork_server) and so did we
             signal.signal(number, signal.SIG_DFL)
     die_with_parent(launcher_pid)
     run_worker(cfg, run_dir)

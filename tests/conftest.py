@@ -1,3 +1,8 @@
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -7,41 +12,54 @@ from framework.config.paths import CONFIG_DIR
 from framework.config_store import register_configs
 from tests.helpers import FAST, check_ok, losses, run_framework
 
-_references: dict[tuple, list[float]] = {}
-_trained: dict[tuple, object] = {}
-
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8
 CHECKPOINTED = ("checkpoint.enabled=true", "checkpoint.interval=4")
 
+#: a JSON file {"<a run's arguments, joined by spaces>": run dir} of runs a session may read instead of
+#: training them: tests/test_planted_bugs.py hands its clean runs to the sessions it starts with a bug
+#: planted, which must not train their references with the bug
+REUSE = "FRAMEWORK_TEST_REUSE_RUNS"
 
-@pytest.fixture(scope="session")
-def single_reference(tmp_path_factory, trained_run):
-    """Losses of parallel=single on FAST plus extra args, computed once per distinct args. With none, the
-    checkpointed run trained_run("parallel=single") serves (saving changes no loss; one job fewer)."""
-    def get(*extra: str) -> list[float]:
-        key = tuple(extra)
-        if not key:
-            return losses(trained_run("parallel=single"))
-        if key not in _references:
-            run_dir = tmp_path_factory.mktemp("single")
-            check_ok(run_framework([*FAST, "parallel=single", *extra], run_dir))
-            _references[key] = losses(run_dir)
-        return _references[key]
-    return get
+#: the runs trained (or reused) in this session for the fixtures below: arguments -> run dir
+RUNS: dict[tuple[str, ...], Path] = {}
+
+
+def shared_run(tmp_path_factory, args: tuple[str, ...]) -> Path:
+    """Run dir of `python -m framework ARGS`, trained once per session (tests must not write into it)."""
+    if args not in RUNS and os.environ.get(REUSE):
+        found = json.loads(Path(os.environ[REUSE]).read_text()).get(" ".join(args))
+        if found:
+            RUNS[args] = Path(found)
+    if args not in RUNS:
+        run_dir = tmp_path_factory.mktemp("run")
+        check_ok(run_framework(list(args), run_dir))
+        RUNS[args] = run_dir
+    return RUNS[args]
 
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory):
     """Run dir of an uninterrupted FAST run of a layout with checkpoints at steps 4 and 8, trained once
-    per session for every test that reads it (resume, resharding, export). Tests must not write into it."""
-    def get(*layout: str):
-        key = tuple(layout)
-        if key not in _trained:
-            run_dir = tmp_path_factory.mktemp("trained")
-            check_ok(run_framework([*FAST, *CHECKPOINTED, *layout], run_dir))
-            _trained[key] = run_dir
-        return _trained[key]
+    per session for every test that reads it (resume, resharding, export). `base` replaces FAST plus
+    checkpoints (another model's arguments). Tests must not write into it."""
+    return lambda *layout, base=(*FAST, *CHECKPOINTED): shared_run(tmp_path_factory, (*base, *layout))
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, trained_run):
+    """Run dir of parallel=single on FAST plus extra args, saving its final checkpoint, trained once per
+    distinct args. With none, the checkpointed run trained_run("parallel=single") serves (one job fewer)."""
+    def get(*extra: str) -> Path:
+        if not extra:
+            return trained_run("parallel=single")
+        return shared_run(tmp_path_factory, (*FAST, "parallel=single", "checkpoint.enabled=true", *extra))
     return get
+
+
+@pytest.fixture(scope="session")
+def single_reference(reference_run):
+    """Losses of reference_run(*extra) (tests/parity.py's assert_parity compares whole runs instead)."""
+    return lambda *extra: losses(reference_run(*extra))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +72,66 @@ def compose_config():
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
 
 
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on a free local port with a sqlite store, started once per session (it takes a
+    few seconds); its tracking URI."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
+                time.sleep(0.2)
+        yield uri
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)     # a test server: nothing of it is kept
+        proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_env():
+    """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
+    from tests.servers import start_s3_server
+    server, env = start_s3_server()
+    yield env
+    server.stop()
+
+
 def pytest_terminal_summary(terminalreporter):
-    """What the combination matrix covered and refused (tests/test_matrix.py), when it ran."""
+    """What the combination matrix covered and refused (tests/test_matrix.py), and tests/test_planted_bugs.py's
+    report: each planted bug and the tests that caught it."""
     from tests.matrix import report
     if report.LINES:
         terminalreporter.section("combination matrix")
         for line in report.LINES:
             terminalreporter.write_line(line)
+    planted = sys.modules.get("tests.test_planted_bugs")
+    if planted is None or not planted.CAUGHT:
+        return
+    terminalreporter.section("planted bugs and the tests that caught them")
+    for bug, caught in planted.CAUGHT.items():
+        terminalreporter.write_line(f"{bug}: " + ("NOT CAUGHT" if not caught else ""))
+        for test, how in caught.items():
+            terminalreporter.write_line(f"    {test}: {how}")

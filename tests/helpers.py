@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = [
     "model=tiny", "data.seq_len=32", "trainer.max_steps=8", "trainer.global_batch_size=8",
     "trainer.micro_batch_size=2", "trainer.log_every=1", "trainer.eval_every=0",
-    "trainer.progress_bar=false", "logging.tensorboard=false", "optimizer.lr=3e-3",
+    "trainer.progress_bar=false", "logging.trackers=[]", "optimizer.lr=3e-3",
     "scheduler.warmup_steps=2", "checkpoint.enabled=false",
 ]
 
@@ -80,6 +80,18 @@ def train(tmp_path: Path, name: str, args: list[str], **kwargs) -> list[float]:
     return losses(run_dir)
 
 
+#: FAST saves no checkpoint; a job that saves its last step lets tests/parity.py compare every parameter
+#: with its reference's (a fraction of a second for the tiny model)
+SAVE_LAST = "checkpoint.enabled=true"
+
+
+def train_run(tmp_path: Path, name: str, args: list[str], **kwargs) -> Path:
+    """Run a job with FAST defaults plus ARGS, saving its last step; return its run dir."""
+    run_dir = tmp_path / name
+    check_ok(run_framework([*FAST, SAVE_LAST, *args], run_dir, **kwargs))
+    return run_dir
+
+
 def assert_planned_model_states(run_dir: Path) -> None:
     """The planner's model-state bytes for the job's resolved config equal what rank 0 measured."""
     from omegaconf import OmegaConf
@@ -100,13 +112,15 @@ def assert_planned_model_states(run_dir: Path) -> None:
 def counters_env(run_dir: Path) -> dict:
     """Env that loads tests/fixtures/counters/sitecustomize.py into every process of a job: each rank then
     writes what it handed to collectives and what autograd saved, per step, under RUN_DIR/counters."""
-    path = os.pathsep.join(p for p in (str(REPO / "tests" / "fixtures" / "counters"), os.environ.get("PYTHONPATH"))
+    # after the path the tests run with: a sitecustomize there (tests/fixtures/planted) runs this one too
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO / "tests" / "fixtures" / "counters"))
                            if p)
     return {"FRAMEWORK_TEST_COUNTERS": str(Path(run_dir) / "counters"), "PYTHONPATH": path}
 
 
 def counted(run_dir: Path) -> dict[int, list[dict]]:
-    """rank -> per optimizer step {"comm": {"<group ranks>|<collective>": bytes}, "saved": peak bytes}."""
+    """rank -> per optimizer step {"comm": {"<group ranks>|<collective>": bytes}, "calls": {the same keys: how
+    many calls}, "saved": peak bytes}."""
     out = {}
     for path in sorted((Path(run_dir) / "counters").glob("counters_rank*.json")):
         record = json.loads(path.read_text())

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, check_ok, losses, run_framework
+from tests.parity import assert_parity
 
 from tests.conftest import CHECKPOINTED as CKPT
-
-EXACT = 1e-6
 
 
 def _train(run_dir: Path, *args, **kw):
@@ -49,21 +48,20 @@ def uninterrupted(trained_run):
     list(DEEPSPEED_Z3),
 ], ids=lambda a: "-".join(x.split("=")[1].rsplit("/", 1)[-1] for x in a))
 def test_resume_is_exact(tmp_path, trained_run, layout):
-    """Resuming at step 4 gives steps 5..8 of the same layout's uninterrupted run (same schedule).
-    Single also goes through stop_at_step and resume=auto in one run dir: each step logged once."""
+    """Resuming at step 4 gives steps 5..8 of the same layout's uninterrupted run (same schedule), bit for
+    bit. Single also goes through stop_at_step and resume=auto in one run dir: each step logged once."""
     reference_dir = trained_run(*layout)
-    reference = losses(reference_dir)
     if layout == ["parallel=single"]:
         run_dir = tmp_path / "run"
         first = _train(run_dir, *layout, "trainer.stop_at_step=4")
         assert len(first) == 4 and (step_4(run_dir) / "meta.json").exists()
         resumed = _train(run_dir, *layout, "checkpoint.resume=auto")
         assert len(resumed) == 8    # metrics.jsonl holds each step once
-        assert max_rel_diff(reference, resumed) <= EXACT
+        assert assert_parity(run_dir, reference_dir)["kind"] == "fp32"
         return
     resumed = _train(tmp_path / "resumed", *layout, f"checkpoint.resume={step_4(reference_dir)}")
     assert len(resumed) == 4
-    assert max_rel_diff(reference[4:], resumed) <= EXACT
+    assert assert_parity(tmp_path / "resumed", reference_dir)["kind"] == "fp32"
 
 
 @pytest.mark.parametrize("saved,resumed", [
@@ -76,11 +74,11 @@ def test_resume_is_exact(tmp_path, trained_run, layout):
 ], ids=["ddp_z1x2-to-fsdp_x4", "fsdp_x2-to-single", "single-to-ddp_x2", "hsdp_2x2-to-ddp_z1", "fsdp_x2-to-3d_tp2dp2",
         "3d_tp2pp2-to-single"])
 def test_resharded_resume_continues_the_curve(tmp_path, uninterrupted, trained_run, saved, resumed):
-    _, reference = uninterrupted
+    reference_dir, _ = uninterrupted
     second = tmp_path / "second"
     got = _train(second, *resumed, f"checkpoint.resume={step_4(trained_run(*saved))}")
-    assert [r for r in got] and len(got) == 4
-    assert max_rel_diff(reference[4:], got) <= 1e-4
+    assert len(got) == 4
+    assert_parity(second, reference_dir)
 
 
 PIPELINE = ["model.n_layers=4", "parallel=3d", "parallel.tp=1", "parallel.dp_shard=1", "parallel.pp=2",
@@ -91,26 +89,25 @@ def test_pipeline_checkpoint_holds_full_model_names_and_reshards_to_other_layout
     """Interleaved pipeline ranks hold two stages each; their checkpoint must look like the full model's,
     so it resumes under fsdp (and 3d tp x dp) exactly where the uninterrupted 3d run goes."""
     reference_dir = trained_run(*PIPELINE)
-    reference = losses(reference_dir)
     ckpt = step_4(reference_dir)
     for name, layout in (("fsdp", ["model.n_layers=4", "parallel=fsdp", "zero=stage3"]),
                          ("tpdp", ["model.n_layers=4", "parallel=3d", "parallel.tp=2", "parallel.pp=1",
                                    "parallel.dp_shard=2", "zero=stage2"])):
-        got = _train(tmp_path / name, *layout, f"checkpoint.resume={ckpt}")
-        assert max_rel_diff(reference[4:], got) <= 1e-4, name
+        _train(tmp_path / name, *layout, f"checkpoint.resume={ckpt}")
+        assert_parity(tmp_path / name, reference_dir)
 
 
 @pytest.mark.parametrize("layout", [["parallel=single"], ["parallel=fsdp", "zero=stage3"]], ids=["single", "fsdp"])
 def test_background_saves_are_complete_and_resume_exactly(tmp_path, uninterrupted, layout):
-    _, reference = uninterrupted
+    reference_dir, _ = uninterrupted
     run_dir = tmp_path / "run"
     _train(run_dir, *layout, "checkpoint.async_save=true", "checkpoint.interval=2", "checkpoint.keep_last=4",
            "trainer.stop_at_step=6")
     ckpts = run_dir / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002", "step_00000004", "step_00000006"]
     resumed = tmp_path / "resumed"
-    got = _train(resumed, *layout, f"checkpoint.resume={ckpts / 'step_00000004'}")
-    assert max_rel_diff(reference[4:], got) <= (EXACT if layout == ["parallel=single"] else 1e-4)
+    _train(resumed, *layout, f"checkpoint.resume={ckpts / 'step_00000004'}")
+    assert_parity(resumed, reference_dir)
 
 
 def test_keep_last_prunes_old_checkpoints(tmp_path):
@@ -120,15 +117,15 @@ def test_keep_last_prunes_old_checkpoints(tmp_path):
 
 
 def test_kill_during_save_leaves_the_previous_checkpoint_usable(tmp_path, uninterrupted):
-    _, reference = uninterrupted
+    reference_dir, _ = uninterrupted
     run_dir = tmp_path / "run"
     proc = run_framework([*FAST, *CKPT], run_dir, env={"FRAMEWORK_FAULT": "save:8"})
     assert proc.returncode != 0
     ckpts = run_dir / "checkpoints"
     assert (ckpts / "step_00000004" / "meta.json").exists()
     assert not (ckpts / "step_00000008").exists() and (ckpts / ".step_00000008.partial").exists()
-    resumed = _train(run_dir, "checkpoint.resume=auto")
-    assert max_rel_diff(reference, resumed) <= EXACT
+    _train(run_dir, "checkpoint.resume=auto")
+    assert assert_parity(run_dir, reference_dir)["kind"] == "fp32"
     assert (ckpts / "step_00000008" / "meta.json").exists() and not (ckpts / ".step_00000008.partial").exists()
 
 

@@ -9,9 +9,25 @@ from framework.cluster.env import Node, Worker, discover, expand_hostlist, port_
     ("gpu[01-03,07]", ["gpu01", "gpu02", "gpu03", "gpu07"]),
     ("a[8-10],login1", ["a8", "a9", "a10", "login1"]),
     ("n[001-002],m[1,3]", ["n001", "n002", "m1", "m3"]),
+    # the examples of SLURM's own documentation (slurm.conf, the hostlist API, scontrol show hostnames)
+    ("linux[1-3,6]", ["linux1", "linux2", "linux3", "linux6"]),
+    ("node1,node[2-5,12]", ["node1", "node2", "node3", "node4", "node5", "node12"]),
+    ("tux[0-2,12,20-21]", ["tux0", "tux1", "tux2", "tux12", "tux20", "tux21"]),
+    ("lx[15,18,32-33]", ["lx15", "lx18", "lx32", "lx33"]),
+    ("rack[0-1]_blade[0-1]", ["rack0_blade0", "rack0_blade1", "rack1_blade0", "rack1_blade1"]),
+    # several bracket groups: the first host, the job's master, was '-node01'... 'rack1' before
+    ("rack[1-2]-node[01-02]", ["rack1-node01", "rack1-node02", "rack2-node01", "rack2-node02"]),
+    ("r[1-2]n[8-10],login1", ["r1n8", "r1n9", "r1n10", "r2n8", "r2n9", "r2n10", "login1"]),
+    ("gpu[098-100] cpu7", ["gpu098", "gpu099", "gpu100", "cpu7"]),      # white space separates too
 ])
 def test_slurm_hostlists_expand(hostlist, hosts):
     assert expand_hostlist(hostlist) == hosts
+
+
+def test_the_master_of_a_two_bracket_node_list_is_its_first_host():
+    env = {**SLURM, "SLURM_JOB_NODELIST": "rack[1-2]-node[01-02]", "SLURM_NNODES": "4", "SLURM_NTASKS": "4",
+           "SLURM_PROCID": "2", "SLURM_NODEID": "2"}
+    assert discover(env).master_addr == "rack1-node01"
 
 
 def test_plain_process_and_torchrun_workers_are_left_alone():

@@ -1,5 +1,6 @@
 """Each launcher's variables on a GPU node (GPUs stubbed at torch.cuda): validation counts this node's
 workers, not the job's, and a job's default run dir is the same on every attempt."""
+import os
 import types
 
 import pytest
@@ -16,7 +17,6 @@ LAUNCHER_VARS = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK"
 
 @pytest.fixture
 def eight_gpus(monkeypatch):
-    import os
     for key in [k for k in os.environ if k.startswith(("SLURM_", "PET_")) or k in LAUNCHER_VARS]:
         monkeypatch.delenv(key)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -61,6 +61,27 @@ def test_more_srun_tasks_on_a_node_than_gpus_is_refused_naming_srun(eight_gpus):
         eight_gpus.setenv(key, value)
     with pytest.raises(ConfigError, match="16 workers on this node but 8 visible GPUs; set srun's --ntasks-per-node"):
         devices.check_visible_gpus(CUDA, 32)
+
+
+@pytest.mark.parametrize("binding", [{"SLURM_GPUS_PER_TASK": "1"}, {"SLURM_GPU_BIND": "single:1"}],
+                         ids=["--gpus-per-task=1", "--gpu-bind"])
+def test_srun_tasks_bound_to_a_gpu_each_train_on_the_one_they_see(eight_gpus, binding):
+    eight_gpus.setattr(torch.cuda, "device_count", lambda: 1)      # SLURM shows each task its own GPU only
+    for key, value in slurm_task(7, 16, 4, **binding).items():     # local rank 3 of 4 tasks on this node
+        eight_gpus.setenv(key, value)
+    devices.check_visible_gpus(CUDA, 16)    # was: "4 workers on this node but 1 visible GPU"
+    worker = discover(os.environ)
+    assert worker.torch_env()["LOCAL_RANK"] == "0" and worker.torch_env()["LOCAL_WORLD_SIZE"] == "4"
+    eight_gpus.setenv("LOCAL_RANK", worker.torch_env()["LOCAL_RANK"])
+    assert devices.local_gpu() == 0          # the device every rank of the task sets (torch, DeepSpeed: LOCAL_RANK)
+
+
+def test_unbound_srun_tasks_sharing_one_gpu_are_still_refused(eight_gpus):
+    eight_gpus.setattr(torch.cuda, "device_count", lambda: 1)
+    for key, value in slurm_task(7, 16, 4).items():
+        eight_gpus.setenv(key, value)
+    with pytest.raises(ConfigError, match="4 workers on this node but 1 visible GPU; set srun's --ntasks-per-node"):
+        devices.check_visible_gpus(CUDA, 16)
 
 
 @pytest.mark.parametrize("value,counts", [("8(x4)", [8] * 4), ("8,4", [8, 4]), ("8(x2),4", [8, 8, 4]), ("1", [1])])

@@ -1,5 +1,6 @@
 """A 2-"node" job started the way each Kubeflow manifest starts it: the manifest's own command and
-ConfigMap, in every pod, with the env the operator sets there. Losses equal single's."""
+ConfigMap, in every pod, with the env the operator sets there. Losses, grad norms and weights equal
+single's."""
 import os
 import socket
 import subprocess
@@ -9,9 +10,8 @@ import pytest
 import yaml
 
 from framework.k8s.manifests import CONFIG_DIR
-from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, run_framework
-
-TOL = 1e-5
+from tests.helpers import FAST, REPO, SAVE_LAST, check_ok, losses, run_framework
+from tests.parity import assert_parity
 
 
 def free_port() -> int:
@@ -60,10 +60,10 @@ def run_pods(command: list[str], envs: list[dict], timeout: float = 300) -> list
 
 
 @pytest.mark.parametrize("kind,node_env", [("trainjob", trainjob_env), ("pytorchjob", pytorchjob_env)])
-def test_two_nodes_started_like_the_manifest_match_single(tmp_path, single_reference, kind, node_env):
+def test_two_nodes_started_like_the_manifest_match_single(tmp_path, reference_run, kind, node_env):
     runs = tmp_path / "runs"
     made = run_framework(["--kind", kind, "--image", "unused", "--nodes", "2", "--runs-path", str(runs),
-                          *FAST, "parallel=ddp", "launcher.nproc_per_node=1"], module="framework.k8s")
+                          *FAST, SAVE_LAST, "parallel=ddp", "launcher.nproc_per_node=1"], module="framework.k8s")
     check_ok(made)
     config_map, job = yaml.safe_load_all(made.stdout)
     # the ConfigMap, mounted where the command looks for it
@@ -75,6 +75,5 @@ def test_two_nodes_started_like_the_manifest_match_single(tmp_path, single_refer
     port = free_port()
     for proc in run_pods([sys.executable, *command[1:]], [node_env(job, r, port) for r in (0, 1)]):
         check_ok(proc)
-    got = losses(runs / job["metadata"]["name"])
-    assert len(got) == 8
-    assert max_rel_diff(single_reference(), got) <= TOL
+    assert len(losses(runs / job["metadata"]["name"])) == 8
+    assert_parity(runs / job["metadata"]["name"], reference_run())

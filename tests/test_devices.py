@@ -14,7 +14,8 @@ from framework.config.validate import validate
 from framework.strategies import base
 from framework.strategies.registry import strategy_class
 from tests.fixtures import fake_gpus
-from tests.helpers import FAST, max_rel_diff, run_framework, train
+from tests.helpers import FAST, run_framework, train_run
+from tests.parity import assert_parity
 
 TORCHRUN_ENV = ("TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -199,7 +200,6 @@ def test_each_local_worker_gets_its_share_of_the_cores(composer, monkeypatch, tf
 
 @pytest.mark.parametrize("args", [["parallel=ddp"], ["parallel=fsdp", "zero=stage3", "zero.offload_params=true"]],
                          ids=["ddp", "fsdp_offload"])
-def test_a_parallel_strategy_runs_as_one_worker(tmp_path, single_reference, args):
+def test_a_parallel_strategy_runs_as_one_worker(tmp_path, reference_run, args):
     """One worker runs in this process, without a launcher: it still needs a process group (a world of one)."""
-    got = train(tmp_path, "one", [*args, "launcher.nproc_per_node=1"])
-    assert max_rel_diff(single_reference(), got) <= 1e-5
+    assert_parity(train_run(tmp_path, "one", [*args, "launcher.nproc_per_node=1"]), reference_run())

@@ -1,15 +1,19 @@
 """precision=float8 (torchao): refused where no float8 matmuls run, emulated on CPU for numerics; the converted
-linears keep fp32 weights under their names, so checkpoints move between float8 and bf16 runs."""
+linears keep fp32 weights under their names, so checkpoints move between float8 and bf16 runs; an MoE router's
+gate stays out; under FSDP2 (tensorwise) the weights' scales for the next step come from one all-reduce."""
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from framework import world
 from framework.config.validate import validate
 from framework.errors import ConfigError
 from framework.models.llama import Llama
+from framework.models.llama.spec import SPEC as LLAMA
+from framework.models.spec import spec_for
 from framework.parallel.float8 import convert_float8
 from framework.strategies.registry import strategy_class
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import FAST, check_ok, counted, counters_env, losses, max_rel_diff, run_framework
 
 pytest.importorskip("torchao")
 EMULATED = ["precision=float8", "precision.float8_emulate=true"]
@@ -46,10 +50,42 @@ def test_blocks_linears_convert_and_keep_fp32_weights_under_their_names(compose_
     cfg = compose_config([*EMULATED, "model.dim=64"])
     model = Llama(dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=64)
     names = {n: p.dtype for n, p in model.named_parameters()}
-    converted = convert_float8(model, cfg.precision, model.block_classes(), fsdp=False)
+    converted = convert_float8(model, cfg.precision, LLAMA, fsdp=False)
     assert converted and all(name.startswith("layers.") for name in converted)
     assert {n: p.dtype for n, p in model.named_parameters()} == names       # every weight fp32, same names
     assert type(model.output) is torch.nn.Linear and type(model.tok_embeddings) is torch.nn.Embedding
+
+
+def test_the_moe_routers_gate_stays_out(compose_config):
+    """16 experts make the gate's dims divide by 16, as the float8 kernels need: it is still left alone."""
+    cfg = compose_config([*EMULATED, "model=moe_tiny", "model.dim=64", "model.n_experts=16", "model.shared_ffn_dim=64"])
+    spec = spec_for(cfg.model)
+    with torch.device("meta"):
+        model = spec.build(cfg.model)
+    converted = convert_float8(model, cfg.precision, spec, fsdp=False)
+    assert "layers.0.attention.wq" in converted and "layers.0.feed_forward.shared_expert.w1" in converted
+    assert not [name for name in converted if "router" in name]
+    assert type(model.layers["0"].feed_forward.router.gate) is torch.nn.Linear
+
+
+def test_fsdp_computes_the_next_scales_in_one_all_reduce_and_matches_one_process(tmp_path):
+    """FSDP2 all-gathers float8 weights (tensorwise); after each optimizer step one all-reduce of every weight's
+    amax gives their scales (counted: each later step all-reduces fewer times than there are float8 weights,
+    where the first, without precomputed scales, reduces each weight's amax at each all-gather), with the
+    losses of the one-process float8 run (within float8's tolerance: FSDP2 casts the weights to bf16 before
+    float8, one process autocasts)."""
+    args = [*FAST, *EMULATED, "model.dim=64", "trainer.max_steps=4"]
+    fsdp, single = tmp_path / "fsdp", tmp_path / "single"
+    check_ok(run_framework([*args, "parallel=fsdp", "zero=stage3"], fsdp, env=counters_env(fsdp)))
+    check_ok(run_framework([*args, "parallel=single"], single))
+    assert max_rel_diff(losses(single), losses(fsdp)) < TOLERANCE
+    model = Llama(dim=64, n_layers=2, n_heads=4, vocab_size=256, max_seq_len=64)
+    weights = len(convert_float8(model, OmegaConf.create({"name": "float8", "float8_recipe": "tensorwise",
+                                                          "float8_emulate": True}), LLAMA, fsdp=True))
+    for rank, steps in counted(fsdp).items():
+        reduces = [sum(n for key, n in step["calls"].items() if key.endswith("|all_reduce")) for step in steps]
+        assert len(reduces) == 4 and reduces[0] > weights, (rank, reduces)
+        assert all(n < weights for n in reduces[1:]) and len(set(reduces[1:])) == 1, (rank, reduces, weights)
 
 
 def test_emulated_float8_trains_within_tolerance_of_bf16_and_its_checkpoint_moves_to_bf16(tmp_path):
@@ -69,8 +105,7 @@ def test_emulated_float8_trains_within_tolerance_of_bf16_and_its_checkpoint_move
 
 
 def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_config):
-    """(The collective counters cannot run beside torchao's float8 subclasses; the planner's float8 all-gather
-    is held instead against the parameters convert_float8 actually converts.)"""
+    """The planner's float8 all-gather against the parameters convert_float8 actually converts."""
     from framework.plan.comm import comm_bytes, fsdp_passes
     from framework.plan.layout import layout_of
     from framework.plan.shapes import rank_parameters
@@ -86,7 +121,7 @@ def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_confi
     float8, cfg, layout = gathered(*EMULATED)
     rowwise, _, _ = gathered(*EMULATED, "precision.float8_recipe=rowwise")
     model = ModelFactory(cfg).meta()
-    converted = convert_float8(model, cfg.precision, model.block_classes(), fsdp=True)
+    converted = convert_float8(model, cfg.precision, spec_for(cfg.model), fsdp=True)
     converted_params = sum(model.get_submodule(name).weight.numel() for name in converted)
     gathers, _ = fsdp_passes(layout)                                    # each block unit's all-gathers a step
     assert rowwise == bf16                                              # rowwise gathers bf16

@@ -1,10 +1,10 @@
-"""parallel=fsdp (FSDP2): single-process losses in every layout, measured sharding, config errors."""
+"""parallel=fsdp (FSDP2): the single-process run in every layout (tests/parity.py), measured sharding, config
+errors."""
 import pytest
 
-from tests.helpers import (assert_planned_comm, assert_planned_model_states, counters_env, max_rel_diff, read_metrics,
-                           run_framework, train)
-
-TOL = 1e-5
+from tests.helpers import (assert_planned_comm, assert_planned_model_states, counters_env, losses, read_metrics,
+                           run_framework, train_run)
+from tests.parity import assert_parity
 
 
 # layouts whose collectives are counted (tests/fixtures/counters) and compared with the planner's bytes
@@ -19,19 +19,20 @@ COUNTED = {"zero2_x2", "zero3_x2", "hsdp_2x2"}
     ("zero3_ac_selective", ["zero=stage3", "activation_checkpointing=selective"]),
     ("zero3_offload", ["zero=stage3", "zero.offload_params=true"]),
 ])
-def test_fsdp_matches_single(tmp_path, single_reference, name, args):
-    got = train(tmp_path, name, ["parallel=fsdp", *args], env=counters_env(tmp_path / name) if name in COUNTED else None)
-    assert len(got) == 8
-    assert max_rel_diff(single_reference(), got) <= TOL
-    assert_planned_model_states(tmp_path / name)
+def test_fsdp_matches_single(tmp_path, reference_run, name, args):
+    run_dir = train_run(tmp_path, name, ["parallel=fsdp", *args],
+                        env=counters_env(tmp_path / name) if name in COUNTED else None)
+    assert len(losses(run_dir)) == 8
+    assert_parity(run_dir, reference_run())
+    assert_planned_model_states(run_dir)
     if name in COUNTED:
-        assert_planned_comm(tmp_path / name)
+        assert_planned_comm(run_dir)
 
 
-def test_zero3_x4_matches_single_and_holds_a_quarter_of_ddp_optimizer_state(tmp_path, single_reference, trained_run):
+def test_zero3_x4_matches_single_and_holds_a_quarter_of_ddp_optimizer_state(tmp_path, reference_run, trained_run):
     workers = 4
-    got = train(tmp_path, "zero3_x4", ["parallel=fsdp", "zero=stage3", f"launcher.nproc_per_node={workers}"])
-    assert max_rel_diff(single_reference(), got) <= TOL
+    run_dir = train_run(tmp_path, "zero3_x4", ["parallel=fsdp", "zero=stage3", f"launcher.nproc_per_node={workers}"])
+    assert_parity(run_dir, reference_run())
     fsdp, ddp = read_metrics(tmp_path / "zero3_x4")[-1], read_metrics(trained_run("parallel=ddp"))[-1]
     assert ddp["world_size"] == 2
     # ddp holds full replicas; FSDP2 shards every tensor evenly (up to a few scalar `step` counters).

@@ -83,7 +83,7 @@ def test_a_path_without_a_model_is_refused_in_one_line(tmp_path):
 def test_training_logs_the_same_sample_under_single_and_ddp(bpe_model, tmp_path):
     root, _, _ = bpe_model
     args = [*FAST, "data=tokens", f"data.path={root / 'dataset'}", "trainer.sample_every=4",
-            "trainer.sample_prompt='The class'", "trainer.sample_tokens=8", "logging.tensorboard=true"]
+            "trainer.sample_prompt='The class'", "trainer.sample_tokens=8", "logging.trackers=[tensorboard]"]
     samples = {}
     for layout in (["parallel=single"], ["parallel=ddp", "launcher.nproc_per_node=2"]):
         run_dir = tmp_path / layout[0].split("=")[1]

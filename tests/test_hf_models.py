@@ -1,7 +1,8 @@
 """model=hf: transformers causal LMs from local files train under single, fsdp x2 and deepspeed x2 (ZeRO-3)
 with the losses of a plain transformers training loop on the same batches (the Llama from sharded
 safetensors files, which sharded layouts read each rank's shards from); the HF Llama and our Llama
-loaded from the same weights agree; resume is exact; the export loads back with from_pretrained."""
+loaded from the same weights agree; resume is exact, with dropout too (the RNG state comes back); the export
+loads back with from_pretrained."""
 import sys
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from framework.checkpoint.manager import read_meta
 from framework.data.batches import build_samplers
 from framework.export.read import READERS
 from tests.conftest import CHECKPOINTED
-from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, run_framework, run_in_own_session
+from tests.helpers import FAST, REPO, check_ok, losses, read_metrics, run_framework, run_in_own_session
+from tests.parity import assert_parity, assert_series_parity
 
 transformers = pytest.importorskip("transformers")
 
@@ -21,7 +23,9 @@ CONSTANT_LR = ["scheduler=constant", "scheduler.warmup_steps=0"]     # what the 
 BASE = [*(a for a in FAST if a != "model=tiny"), "model=hf", *CONSTANT_LR, *CHECKPOINTED]
 LAYOUTS = {"single": ["parallel=single"], "fsdp": ["parallel=fsdp", "zero=stage3"],
            "deepspeed": ["parallel=deepspeed", "zero=stage3"]}
-TOL = 1e-4
+#: a GPT-2 with dropout (0.1): every training step draws its masks from torch's RNG, so only a resume that
+#: restores the RNG state continues the curve exactly
+DROPOUT = [*BASE, f"model.config={REPO / 'tests' / 'fixtures' / 'hf_dropout' / 'config.json'}", "parallel=single"]
 
 
 def _configs():
@@ -64,7 +68,7 @@ def runs(tmp_path_factory, saved):
     return get
 
 
-def plain_transformers_losses(model_dir: Path, run_dir: Path, fresh: bool) -> list[float]:
+def plain_transformers_loop(model_dir: Path, run_dir: Path, fresh: bool) -> dict[str, list[float]]:
     """What a user's own loop gives: from_pretrained (or from_config after seeding torch), AdamW (decay on
     matrices only), clip 1.0, the same global batches the framework drew (its sampler, in one process)."""
     from omegaconf import OmegaConf
@@ -82,16 +86,16 @@ def plain_transformers_losses(model_dir: Path, run_dir: Path, fresh: bool) -> li
                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
                             lr=o.lr, betas=tuple(o.betas), eps=o.eps)
     sampler, _ = build_samplers(cfg.data, cfg.trainer.global_batch_size, cfg.seed, with_val=False)
-    out = []
+    out = {"loss": [], "grad_norm": []}
     for step in range(cfg.trainer.max_steps):
         batch = sampler.local_batch(step, 0, 1)
         x, y = batch[:, :-1], batch[:, 1:]
         loss = F.cross_entropy(model(input_ids=x).logits.flatten(0, -2).float(), y.flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip)
+        out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(params, cfg.trainer.grad_clip).item())
         opt.step()
         opt.zero_grad()
-        out.append(loss.item())
+        out["loss"].append(loss.item())
     return out
 
 
@@ -99,9 +103,9 @@ def plain_transformers_losses(model_dir: Path, run_dir: Path, fresh: bool) -> li
 def plain(runs, saved):
     done = {}
 
-    def get(arch: str) -> list[float]:
+    def get(arch: str) -> dict[str, list[float]]:
         if arch not in done:
-            done[arch] = plain_transformers_losses(saved[arch], runs(arch, "single"), fresh=arch == "gpt2")
+            done[arch] = plain_transformers_loop(saved[arch], runs(arch, "single"), fresh=arch == "gpt2")
         return done[arch]
     return get
 
@@ -109,15 +113,20 @@ def plain(runs, saved):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_matches_a_plain_transformers_loop(runs, plain, arch, layout):
-    got = losses(runs(arch, layout))
+    """single against the plain loop; the other layouts against single (loss, grad norm, final weights)."""
+    got = read_metrics(runs(arch, layout))
     assert len(got) == 8
-    assert max_rel_diff(plain(arch), got) <= TOL
+    if layout == "single":
+        for key in ("loss", "grad_norm"):
+            assert_series_parity(key, [r[key] for r in got], plain(arch)[key], "fp32-implementation")
+    else:
+        assert_parity(runs(arch, layout), runs(arch, "single"))
 
 
 def test_hf_llama_and_our_llama_from_the_same_weights_agree(tmp_path, runs, saved):
     ours = tmp_path / "ours"
     check_ok(run_framework([*FAST, *CONSTANT_LR, f"checkpoint.initial_load={saved['llama']}"], ours))
-    assert max_rel_diff(losses(runs("llama", "single")), losses(ours)) <= TOL
+    assert_parity(ours, runs("llama", "single"), kind="fp32-implementation")
 
 
 def test_resume_is_exact_and_the_export_loads_with_from_pretrained(tmp_path, runs, saved):
@@ -125,7 +134,8 @@ def test_resume_is_exact_and_the_export_loads_with_from_pretrained(tmp_path, run
     step_4 = run_dir / "checkpoints" / "step_00000004"
     check_ok(run_framework([*BASE, f"model.pretrained={saved['llama']}", *LAYOUTS["fsdp"],
                             f"checkpoint.resume={step_4}"], tmp_path / "resumed"))
-    assert max_rel_diff(losses(run_dir)[4:], losses(tmp_path / "resumed")) <= 1e-6
+    assert len(losses(tmp_path / "resumed")) == 4
+    assert_parity(tmp_path / "resumed", run_dir)
 
     ckpt, out = run_dir / "checkpoints" / "step_00000008", tmp_path / "hf"
     proc = run_in_own_session([sys.executable, "-m", "framework.export", str(ckpt), str(out)], cwd=REPO, timeout=120)
@@ -139,6 +149,14 @@ def test_resume_is_exact_and_the_export_loads_with_from_pretrained(tmp_path, run
         torch.testing.assert_close(exported(tokens).logits, trained(tokens).logits, atol=1e-5, rtol=0)
         assert not torch.allclose(exported(tokens).logits,
                                   transformers.AutoModelForCausalLM.from_pretrained(saved["llama"])(tokens).logits)
+
+
+def test_resume_with_dropout_is_exact(tmp_path, trained_run):
+    full = trained_run(*DROPOUT, base=())
+    resumed = tmp_path / "resumed"
+    check_ok(run_framework([*DROPOUT, f"checkpoint.resume={full / 'checkpoints' / 'step_00000004'}"], resumed))
+    assert len(losses(resumed)) == 4
+    assert_parity(resumed, full)
 
 
 def test_a_pretrained_model_is_read_by_name_into_a_meta_skeleton(saved, monkeypatch):

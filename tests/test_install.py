@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import REPO
 
 SHORT = ["model=tiny", "data.seq_len=32", "trainer.max_steps=2", "trainer.eval_every=0",
-         "trainer.progress_bar=false", "logging.tensorboard=false", "checkpoint.enabled=false"]
+         "trainer.progress_bar=false", "logging.trackers=[]", "checkpoint.enabled=false"]
 
 
 def _clean_env() -> dict:
@@ -66,3 +66,11 @@ def test_console_script_applies_a_recipe(installed):
                 "trainer.micro_batch_size=2", "hydra.run.dir=recipe")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "name: ddp" in (installed[1] / "recipe" / "config.yaml").read_text()
+
+
+def test_a_chat_recipe_trains_on_the_chats_the_wheel_ships(installed):
+    proc = _run(installed, "+recipe=sft_tiny", "trainer.max_steps=2", "trainer.eval_every=0",
+                "trainer.progress_bar=false", "checkpoint.enabled=false", "data.cache_dir=cache", "hydra.run.dir=sft")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = (installed[1] / "sft" / "config.yaml").read_text()
+    assert f"{os.sep}framework{os.sep}data{os.sep}assets{os.sep}tiny_chat.jsonl" in config and str(REPO) not in config

@@ -11,9 +11,11 @@ from kubeflow_trainer_api.models.io_k8s_api_core_v1_config_map import IoK8sApiCo
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
 from framework.k8s.manifests import rfc1035
+from tests.docs_commands import run_by
 from tests.helpers import run_framework
 
-SCHEMA = json.loads((Path(__file__).parent / "fixtures" / "k8s" / "pytorchjob.kubeflow.org_v1.schema.json").read_text())
+FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
+SCHEMA = json.loads((FIXTURES / "pytorchjob.kubeflow.org_v1.schema.json").read_text())
 TINY = ["model=tiny", "parallel=fsdp", "zero=stage3", "trainer.global_batch_size=32", "trainer.micro_batch_size=2"]
 LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -80,6 +82,49 @@ def test_sweep_gives_one_rfc1035_job_per_point():
             "template"]["spec"]["containers"][0]["command"]
 
 
+def strict(schema):
+    """The CRD schema as `kubectl apply --validate=strict` reads it: a field the schema does not name is an error
+    (the API server would otherwise drop it silently), except where the schema keeps unknown fields."""
+    if isinstance(schema, list):
+        return [strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and \
+            not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+RAYJOB_SCHEMA = strict(json.loads((FIXTURES / "rayjob.ray.io_v1.schema.json").read_text()))
+
+
+def test_rayjob_validates_against_kuberays_crd_schema(capsys, monkeypatch):
+    from framework.k8s.__main__ import main
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    main(["--kind", "rayjob", "--image", "reg.example/fw:1", "--nodes", "2", "--gpus-per-node", "4",
+          "--volume-claim", "team-runs", *TINY])      # in this process: the manifest is all this test reads
+    cm, job = yaml.safe_load_all(capsys.readouterr().out)
+    jsonschema.validate(job, RAYJOB_SCHEMA)
+    same(IoK8sApiCoreV1ConfigMap, cm)
+    spec = job["spec"]
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob") and spec["shutdownAfterJobFinishes"] is True
+    assert spec["entrypoint"].startswith("python -m framework --config-path /etc/framework --config-name config ")
+    head = spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    group = spec["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 2, 2)
+    worker = group["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "4" and {"name": "NCCL_DEBUG", "value": "WARN"} in worker["env"]
+    for pod in (head, group["template"]["spec"]):      # the config on the driver's pod, the run dir on every pod
+        assert {"name": "runs", "persistentVolumeClaim": {"claimName": "team-runs"}} in pod["volumes"]
+        assert {"name": "config", "configMap": {"name": cm["metadata"]["name"]}} in pod["volumes"]
+    shipped = yaml.safe_load(cm["data"]["config.yaml"])
+    assert shipped["launcher"]["engine"] == "ray" and shipped["launcher"]["nproc_per_node"] == 8
+    misspelt = {**job, "spec": {**spec, "shutdownAfterJobFinish": True}}
+    with pytest.raises(jsonschema.ValidationError):     # the schema check is a real one
+        jsonschema.validate(misspelt, RAYJOB_SCHEMA)
+
+
 @pytest.mark.parametrize("raw", ["My_Job", "7up", "a" * 80, "--x--", "ÜBER job"])
 def test_rfc1035_labels(raw):
     assert LABEL.match(rfc1035(raw))
@@ -91,15 +136,14 @@ def test_an_invalid_config_is_refused_before_any_manifest():
     assert proc.stderr.strip().splitlines()[-1].startswith("error: zero: parallel=fsdp does not do zero=none")
 
 
-def _readme_k8s_commands() -> list[list[str]]:
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
-    lines = [line.split("|")[0].split() for line in text.splitlines() if line.startswith("python -m framework.k8s ")]
+def _docs_k8s_commands() -> list[list[str]]:
+    lines = [c.text.split("|")[0].split() for c in run_by(__file__)]
     assert len(lines) == 2
     return [line[3:] for line in lines]
 
 
-@pytest.mark.parametrize("args", _readme_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
-def test_readme_k8s_commands_print_valid_manifests(args):
+@pytest.mark.parametrize("args", _docs_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
+def test_docs_k8s_commands_print_valid_manifests(args):
     docs = documents(k8s(*args))
     for doc in docs:
         if doc["kind"] == "PyTorchJob":

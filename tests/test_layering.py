@@ -1,6 +1,6 @@
 """The package's layers, lowest first: a module imports only from its own layer or below (lazy imports
 inside functions count too), so no arrow points up and a change low in the house never needs one above.
-README's "Layout" paragraph states the same order."""
+docs/design/layers.md draws the same order from this list and the imports (tests/layers_diagram.py)."""
 import ast
 from pathlib import Path
 
@@ -9,7 +9,8 @@ import pytest
 from tests.helpers import REPO
 
 LAYERS = [
-    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit"},
+    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
+     "storage"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},
     {"world", "sweep_gpus", "precision", "export"},
@@ -17,10 +18,11 @@ LAYERS = [
     {"metrics"},
     {"config"},
     {"strategies"},
-    {"trainer", "config_store"},
+    {"trainer", "step_batches", "config_store"},
     {"plan", "worker"},
+    {"launchers"},
     {"launch"},
-    {"__main__", "k8s"},
+    {"__main__", "k8s", "reference", "compare", "torchrun"},
 ]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 PACKAGE = REPO / "framework"

@@ -1,5 +1,6 @@
 """The MoE family in one process: dispatch against a per-token reference, grouped GEMM against the loop,
-parameter counts against the built model, balancing (auxiliary loss weight, bias rule), config refusals."""
+parameter counts against the built model, balancing (auxiliary loss weight, global-batch fractions, bias
+rule), activation checkpointing in every mode with every balance, config refusals."""
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,14 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from framework.loss import weighted_micro_batch
+from framework.config.schema import ActivationCheckpointingConfig
+from framework.loss import cross_entropy, weighted_micro_batch
 from framework.models.moe import balance
 from framework.models.moe.experts import expert_swiglu, has_grouped_mm
-from framework.models.moe.model import MoETransformer, init_parameter
+from framework.models.llama.model import init_parameter
+from framework.models.moe.model import MoETransformer
 from framework.models.moe.spec import SPEC
+from framework.parallel.activation_checkpointing import apply_activation_checkpointing
 from tests.helpers import REPO
 
 TINY = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, n_experts=4, top_k=2, moe_ffn_dim=16)
@@ -87,6 +91,74 @@ def test_auxiliary_loss_gradient_is_weighted_like_the_micro_batch_loss():
     full, half = _aux_grad(1.0), _aux_grad(0.5)
     assert full.abs().sum() > 0
     torch.testing.assert_close(half, full / 2)
+
+
+BATCH = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(3))
+
+
+def _step(model, micro_batch: int, lm_loss: bool = True) -> tuple[float, dict, dict]:
+    """One training step as a strategy runs it on one process (the statistics pass where the spec asks for
+    one and the batch is split, micro-batch losses weighted 1/n), then an optimizer step that moves nothing:
+    (loss, gradients, balance.last_step())."""
+    model.train()
+    parts = BATCH.split(micro_batch)
+    stats = SPEC.batch_statistics(OmegaConf.create({**TINY, **_args(model)}))
+    if stats is not None and len(parts) > 1:
+        with stats.gathering(torch.device("cpu")), torch.no_grad():
+            model.eval()
+            for x in parts:
+                model(x)
+            model.train()
+    total = 0.0
+    for x in parts:
+        with weighted_micro_batch(1 / len(parts)):
+            out = model(x)
+            loss = cross_entropy(out[:, :-1], x[:, 1:]) if lm_loss else out.sum() * 0
+            (loss / len(parts)).backward()
+        total += float(loss.detach()) / len(parts)
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    torch.optim.SGD(model.parameters(), lr=0.0).step()
+    return total, grads, balance.last_step()
+
+
+def _args(model) -> dict:
+    a = model.args
+    return {k: getattr(a, k) for k in ("balance", "aux_loss_coef", "n_layers", "n_experts", "top_k")}
+
+
+def test_balance_loss_counts_the_global_batch_whatever_the_micro_batch():
+    """The auxiliary loss's value and gradient from 4 micro-batches of 2 (with the statistics pass) equal
+    those of one forward of all 8 sequences; per-micro-batch fractions would not (their mean of products
+    is not the product of means)."""
+    whole = _step(build(balance="aux_loss", aux_loss_coef=1.0), 8, lm_loss=False)
+    split = _step(build(balance="aux_loss", aux_loss_coef=1.0), 2, lm_loss=False)
+    assert whole[2]["aux_loss"] == pytest.approx(split[2]["aux_loss"], rel=1e-6)
+    assert torch.equal(whole[2]["shares"], split[2]["shares"])
+    gate = "layers.0.feed_forward.router.gate.weight"
+    assert whole[1][gate].abs().sum() > 0
+    for name, g in whole[1].items():
+        torch.testing.assert_close(split[1][name], g, atol=1e-7, rtol=1e-6)
+
+
+AC_MODES = {"full": dict(mode="full"), "layer_save_matmuls": dict(mode="layer", save_matmuls=True),
+            "op": dict(mode="op"), "op_every_other_matmul": dict(mode="op", save_every_nth_matmul=2)}
+
+
+@pytest.mark.parametrize("balance_mode, micro_batch", [("aux_loss", 4), ("bias", 4), ("none", 8)])
+def test_checkpointing_in_every_mode_changes_nothing(balance_mode, micro_batch):
+    """Every checkpointing mode gives the un-checkpointed loss, gradients and expert loads (tallied once a
+    training forward, not again in the recompute; aux_loss over two micro-batches runs the statistics pass)."""
+    want = _step(build(balance=balance_mode), micro_batch)
+    for name, kwargs in AC_MODES.items():
+        model = build(balance=balance_mode)
+        apply_activation_checkpointing(model, OmegaConf.structured(ActivationCheckpointingConfig(**kwargs)),
+                                       model.block_classes())
+        loss, grads, last = _step(model, micro_batch)
+        assert abs(loss - want[0]) <= 1e-6 * want[0], (name, micro_batch)
+        assert grads.keys() == want[1].keys()
+        for key, g in want[1].items():
+            torch.testing.assert_close(grads[key], g, atol=1e-7, rtol=1e-6, msg=f"{name} {key}")
+        assert torch.equal(last["shares"], want[2]["shares"]) and last["aux_loss"] == want[2]["aux_loss"], name
 
 
 def test_bias_balance_moves_toward_the_less_loaded_experts():

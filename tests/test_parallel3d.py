@@ -1,11 +1,12 @@
-"""parallel=3d gives the single-process losses (fp32, same seed, same global batch) in every layout,
-and the mission's command runs as-is (tests/test_readme_commands.py runs it as README shows it)."""
+"""parallel=3d gives the single-process run (fp32, same seed, same global batch: loss and grad norm at every
+step, the final weights) in every layout, and the mission's command runs as-is
+(tests/test_docs_commands.py runs it as README shows it)."""
 import pytest
 
-from tests.helpers import (FAST, assert_planned_activations, assert_planned_comm, assert_planned_model_states, check_ok,
-                           counters_env, max_rel_diff, read_metrics, run_framework, train)
+from tests.helpers import (assert_planned_activations, assert_planned_comm, assert_planned_model_states, counters_env,
+                           losses, train_run)
+from tests.parity import assert_parity
 
-TOL = 1e-4
 STEPS = ["trainer.max_steps=6"]
 FOUR_LAYERS = ["model.n_layers=4"]
 
@@ -36,42 +37,33 @@ COUNTED = {"tp2", "tp2_sequence_parallel", "pp2_gpipe", "pp2_1f1b", "dp2_tp2_zer
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_layout_matches_single(tmp_path, single_reference, layout):
+def test_layout_matches_single(tmp_path, reference_run, layout):
     args = LAYOUTS[layout]
-    got = train(tmp_path, layout, [*args, *STEPS], env=counters_env(tmp_path / layout) if layout in COUNTED else None)
-    ref = single_reference(*[a for a in args if a.startswith("model.")], *STEPS)
-    assert len(got) == 6
-    assert max_rel_diff(ref, got) <= TOL
-    assert_planned_model_states(tmp_path / layout)
+    run_dir = train_run(tmp_path, layout, [*args, *STEPS],
+                        env=counters_env(tmp_path / layout) if layout in COUNTED else None)
+    assert len(losses(run_dir)) == 6
+    assert_parity(run_dir, reference_run(*[a for a in args if a.startswith("model.")], *STEPS))
+    assert_planned_model_states(run_dir)
     if layout in COUNTED:
-        assert_planned_comm(tmp_path / layout)
-        assert_planned_activations(tmp_path / layout)
-
-
-_single_records: dict = {}
+        assert_planned_comm(run_dir)
+        assert_planned_activations(run_dir)
 
 
 @pytest.mark.parametrize("extra", [[], ["activation_checkpointing=full", "parallel.sequence_parallel=true"]],
                          ids=["plain", "ac_full_sequence_parallel"])
-def test_tp2_pp2_dp2_zero3_matches_single_loss_and_grad_norm(tmp_path, extra):
+def test_tp2_pp2_dp2_zero3_matches_single_loss_and_grad_norm(tmp_path, reference_run, extra):
     """8 workers; the grad norm spans every tp/pp/dp shard, so it is the single process's norm."""
-    if "single" not in _single_records:
-        check_ok(run_framework([*FAST, "parallel=single", *STEPS], tmp_path / "single"))
-        _single_records["single"] = read_metrics(tmp_path / "single")
-    check_ok(run_framework([*FAST, *degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS], tmp_path / "3d",
-                           env=counters_env(tmp_path / "3d")))
-    records = {"single": _single_records["single"], "3d": read_metrics(tmp_path / "3d")}
-    for key in ("loss", "grad_norm"):
-        ref, got = ([r[key] for r in records[name]] for name in ("single", "3d"))
-        assert len(got) == 6
-        assert max_rel_diff(ref, got) <= TOL, key
-    assert_planned_model_states(tmp_path / "3d")
-    assert_planned_comm(tmp_path / "3d")
+    run_dir = train_run(tmp_path, "3d", [*degrees(dp_shard=2, tp=2, pp=2), "zero=stage3", *extra, *STEPS],
+                        env=counters_env(tmp_path / "3d"))
+    assert len(losses(run_dir)) == 6
+    assert_parity(run_dir, reference_run(*STEPS))
+    assert_planned_model_states(run_dir)
+    assert_planned_comm(run_dir)
 
 
-def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path):
-    layout = ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1"]
-    fp32 = train(tmp_path, "fp32", layout)
-    bf16 = train(tmp_path, "bf16", [*layout, "precision=bf16"])
+def test_bf16_pipeline_and_tensor_parallel_stays_close_to_fp32(tmp_path, reference_run):
+    run_dir = train_run(tmp_path, "bf16", ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "parallel.dp_shard=1",
+                                           "precision=bf16"])
+    bf16 = losses(run_dir)
     assert all(x == x for x in bf16) and bf16[-1] < bf16[0]
-    assert max_rel_diff(fp32, bf16) <= 1e-2
+    assert assert_parity(run_dir, reference_run())["kind"] == "bf16"

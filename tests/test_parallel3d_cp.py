@@ -1,6 +1,7 @@
 """Context parallelism (parallel.cp) gives the single-process losses and grad norms (fp32, same seed,
 same global batch) alone and composed with tp + sequence parallelism, pp and FSDP over dp x cp, for
-llama and gpt2; a cp2 checkpoint resumes exactly as cp2 and, resharded, as one process. Every run is
+llama and gpt2, and so it does with activation checkpointing in each mode (which also gives the same
+curve as the cp job without it); a cp2 checkpoint resumes exactly as cp2 and, resharded, as one process. Every run is
 made once per module and shared by the assertions that read it."""
 import pytest
 
@@ -60,6 +61,25 @@ def test_layout_matches_single_loss_and_grad_norm(run, name):
         ref, got = _curve(run(REFERENCE[name]), key), _curve(run(name), key)
         assert len(got) == 4
         assert max_rel_diff(ref, got) <= TOL, key
+
+
+# one checkpointing mode per cp layout: each recomputes its blocks under cp's gathered attention
+CHECKPOINTED = {
+    "cp2_dp2_zero3": ["activation_checkpointing=full"],
+    "cp2_tp2_sequence_parallel": ["activation_checkpointing=selective", "activation_checkpointing.mode=op"],
+    "cp2_pp2": ["activation_checkpointing=selective", "activation_checkpointing.save_matmuls=true",
+                "activation_checkpointing.save_every_nth_matmul=2"],
+}
+
+
+@pytest.mark.parametrize("name", CHECKPOINTED)
+def test_checkpointing_under_cp_matches_single_and_the_cp_job_without_it(run, name):
+    checkpointed = run(name, *CHECKPOINTED[name])
+    for key in ("loss", "grad_norm"):
+        got = _curve(checkpointed, key)
+        assert len(got) == 4
+        assert max_rel_diff(_curve(run("single"), key), got) <= TOL, key
+        assert max_rel_diff(_curve(run(name), key), got) <= EXACT, key
 
 
 @pytest.mark.parametrize("name", COUNTED)

@@ -8,7 +8,8 @@ import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from framework.strategies import parallel3d
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import FAST, SAVE_LAST, check_ok, losses, run_framework
+from tests.parity import assert_parity
 
 
 def _policy_3d_applies(compose_config, *args):
@@ -28,11 +29,11 @@ def test_3d_passes_the_fsdp_mixed_precision_policy(compose_config):
     assert _policy_3d_applies(compose_config) == MixedPrecisionPolicy()
 
 
-def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp_path, single_reference):
+def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp_path, reference_run):
     """pp=2 x dp_shard=2: FSDP2 casts each stage's parameters to bf16, so the activations the stages
     send each other are bf16 too (they were fp32 under autocast alone)."""
     run_dir = tmp_path / "3d_bf16"
-    proc = run_framework([*FAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2",
+    proc = run_framework([*FAST, SAVE_LAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "parallel.dp_shard=2",
                           "zero=stage3", "precision=bf16"], run_dir, torchrun_nproc=4,
                          module="tests.fixtures.pipeline_sends")
     check_ok(proc)
@@ -40,4 +41,4 @@ def test_bf16_pipeline_over_sharded_data_parallel_sends_bf16_and_tracks_fp32(tmp
     assert set(re.findall(r"SEND (\d+) (torch\.[a-z0-9]+)", proc.stdout)) == {("0", "torch.bfloat16")}
     got = losses(run_dir)
     assert all(math.isfinite(x) for x in got) and got[-1] < got[0]
-    assert max_rel_diff(single_reference(), got) <= 1e-2
+    assert assert_parity(run_dir, reference_run())["kind"] == "bf16"

@@ -123,3 +123,14 @@ def test_the_schedule_rules_kept_by_name_are_torchs():
         assert schedule_class(name.upper()) is cls
         assert (name in SINGLE_STAGE) == issubclass(cls, PipelineScheduleSingle), name
         assert (name in V_SHAPED) == issubclass(cls, (ScheduleZBVZeroBubble, ScheduleDualPipeV)), name
+
+
+def test_the_stage_marks_the_forward_torch_runs_for_shapes():
+    """Our stages mark torch's shape-inference forward (models count no statistics of it) by overriding the
+    private method torch runs it in, which must exist (that it runs is shown by test_moe_layouts: the
+    pipelined MoE's first step counts the experts' loads of single's)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from framework.parallel.pipeline import _stage_class
+    assert callable(getattr(PipelineStage, "_forward_metadata_inference", None))
+    assert _stage_class()._forward_metadata_inference is not PipelineStage._forward_metadata_inference

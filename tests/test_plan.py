@@ -22,6 +22,7 @@ from framework.plan.layout import Casting, layout_of
 from framework.plan.model_states import model_states
 from framework.plan.shapes import rank_parameters
 from framework.strategies.registry import strategy_class
+from tests.docs_commands import run_by
 from tests.helpers import REPO, run_framework, run_in_own_session
 
 
@@ -157,14 +158,13 @@ def test_a_job_that_cannot_fit_is_refused_before_launch_with_the_cheapest_fix(tm
     assert proc.returncode == 2 and "planner" not in proc.stderr and "global_batch_size" in proc.stderr
 
 
-def _readme_plan_commands():
-    text = (REPO / "README.md").read_text()
-    return [line.strip() for line in text.splitlines() if line.strip().startswith("python -m framework.plan ")]
+def _docs_plan_commands() -> list[str]:
+    return [c.text for c in run_by(__file__) if c.text.startswith("python -m framework.plan ")]
 
 
-def test_readme_plan_commands_run_as_written(tmp_path):
-    commands = _readme_plan_commands()
-    assert len(commands) >= 3
+def test_docs_plan_commands_run_as_written(tmp_path):
+    commands = _docs_plan_commands()
+    assert len(commands) >= 5
     for command in commands:
         args = command.split()[3:]
         proc = run_in_own_session([sys.executable, "-m", "framework.plan", *args], cwd=tmp_path, timeout=300,
@@ -238,14 +238,13 @@ def test_parallel_auto_breaks_a_predicted_tie_toward_less_machinery():
 
 
 def test_parallel_auto_runs_its_pick_and_writes_it_to_the_resolved_config(tmp_path):
-    """README's parallel=auto command, as written (2 steps), from another directory."""
+    """The docs' parallel=auto command, as written (2 steps), from another directory."""
     import os
 
     from omegaconf import OmegaConf
 
     from tests.helpers import check_ok, read_metrics
-    command = next(line.strip() for line in (REPO / "README.md").read_text().splitlines()
-                   if line.strip().startswith("python -m framework parallel=auto"))
+    command = next(c.text for c in run_by(__file__) if c.text.startswith("python -m framework parallel=auto"))
     proc = run_in_own_session([sys.executable, *command.split()[1:], "trainer.max_steps=2", "trainer.eval_batches=1",
                                "trainer.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
                               timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -306,3 +305,24 @@ def test_recomputing_every_other_matmul_is_planned_between_keeping_all_and_full_
         held = [p.per_rank_bytes["activations"] for p in plans]
         assert times[0] < times[1] < times[2], (device.name, times)
         assert held[0] > held[1] > held[2], (device.name, held)
+
+
+def test_parallel_autos_pick_for_a_long_sequence_scaled_down_to_cpu_matches_single(tmp_path, single_reference):
+    """80k tokens a sequence on two 40 GB A100s: what fits is context parallelism with activation checkpointing
+    (a sequence's activations outgrow one device), and auto picks it. That layout, the same degrees, zero
+    stage, checkpointing and micro-batch, on a tiny model and short sequences on the CPU, trains as one
+    process does."""
+    from framework.plan.auto import rank_layouts
+    from framework.plan.hardware import device_named
+    from tests.helpers import FAST, losses, max_rel_diff
+    register_configs()
+    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
+        cfg = compose("config", overrides=["parallel=auto", "model=llama_125m", "data=synthetic", "data.seq_len=81920",
+                                           "model.max_seq_len=81920", "precision=bf16", "trainer.global_batch_size=2",
+                                           "trainer.eval_every=0"])
+    pick = rank_layouts(cfg, 2, device_named("a100_40gb"), 2)[0][0]
+    assert dict(pick.parallel).get("cp", 1) > 1 and pick.ac != "none", pick.describe()
+    run_dir = tmp_path / "pick"
+    proc = run_framework([*FAST, *pick.overrides()], run_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert max_rel_diff(single_reference(), losses(run_dir)) <= 1e-5

@@ -196,3 +196,53 @@ def test_the_planner_names_no_strategy():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert not found, found
+
+
+def test_parallel_auto_tries_every_registered_strategy_unless_told():
+    """parallel.strategies left null is the registry's list: a strategy registered from its own file is
+    weighed with no config edit."""
+    cfg = _config("parallel=auto")
+    assert cfg.parallel.strategies is None
+    tried = {c.strategy for c, _ in rank_layouts(cfg, 4, device_named("h100"), 4)}
+    assert set(TWINS) <= tried and {"ddp", "fsdp"} <= tried
+
+
+def test_the_schema_and_the_launcher_write_out_no_strategy_name():
+    """Lists of strategies come from the registry (a list written out elsewhere misses the next one)."""
+    names = set(registry.STRATEGIES) - set(TWINS)
+    found = [f"{path}:{node.lineno} {node.value!r}" for path in ("framework/config/schema.py", "framework/launch.py")
+             for node in ast.walk(ast.parse((REPO / path).read_text()))
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, found
+
+
+@pytest.mark.parametrize("overrides", [
+    ["planner.device=cpu"], ["planner.device=cpu", "launcher.nproc_per_node=4"], ["planner.device=h100"],
+    ["planner.device=h100", "launcher.nproc_per_node=4"], ["planner.device=h100", "planner.gpus_per_node=2"],
+    ["planner.device=h100", "planner.nodes=2", "launcher.nproc_per_node=4"],
+], ids=lambda o: " ".join(o))
+def test_parallel_auto_and_the_memory_check_plan_the_same_gpus_per_node(monkeypatch, overrides):
+    """One rule for GPUs per node: what parallel=auto plans its pick with (launch) is what the memory check
+    before launch plans the job with (plan/check)."""
+    import framework.plan.auto as auto
+    import framework.plan.check as check
+    from framework import launch
+    from framework.world import world_size_for
+    seen = {}
+
+    class Planned(Exception):
+        pass
+
+    def record(key):
+        def planned(cfg, world, device, per_node, *args, **kwargs):
+            seen[key] = per_node
+            raise Planned
+        return planned
+    monkeypatch.setattr(auto, "choose_layout", record("auto"))
+    monkeypatch.setattr(check, "make_plan", record("check"))
+    with pytest.raises(Planned):
+        launch.choose_auto_layout(_config("parallel=auto", *overrides))
+    cfg = _config("parallel=ddp", *overrides)
+    with pytest.raises(Planned):
+        check.refuse_if_it_cannot_fit(cfg, world_size_for(cfg, strategy_class("ddp")), lambda c: None)
+    assert seen["auto"] == seen["check"], seen

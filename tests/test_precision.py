@@ -9,7 +9,8 @@ import framework.precision as precision
 from framework.errors import ConfigError
 from framework.config.schema import PrecisionConfig
 from framework.models.llama import Llama, init_weights
-from tests.helpers import max_rel_diff, read_metrics, run_framework, train
+from tests.helpers import read_metrics, run_framework, train, train_run
+from tests.parity import assert_parity
 
 # A loss scale that overflows fp16 by construction: even a gradient of 1/max is pushed past max.
 OVERFLOWING_SCALE = torch.finfo(torch.float16).max ** 2
@@ -87,7 +88,7 @@ def test_bf16_tracks_fp32_on_the_default_corpus(tmp_path):
     """50 steps of the default corpus (pydoc); bf16 autocast ends within a few percent of fp32."""
     args = ["model=tiny", "data.seq_len=64", "trainer.max_steps=50", "trainer.global_batch_size=8",
             "trainer.micro_batch_size=8", "trainer.log_every=10", "trainer.eval_every=0",
-            "trainer.progress_bar=false", "logging.tensorboard=false"]
+            "trainer.progress_bar=false", "logging.trackers=[]"]
     fp32 = train(tmp_path, "fp32", [*args, "precision=fp32"])
     bf16 = train(tmp_path, "bf16", [*args, "precision=bf16"])
     assert all(math.isfinite(x) for x in bf16)
@@ -95,10 +96,9 @@ def test_bf16_tracks_fp32_on_the_default_corpus(tmp_path):
     assert abs(bf16[-1] - fp32[-1]) / fp32[-1] <= 0.03
 
 
-def test_fsdp_bf16_mixed_precision_policy_tracks_fp32(tmp_path, single_reference):
-    got = train(tmp_path, "fsdp_bf16", ["parallel=fsdp", "zero=stage2", "precision=bf16"])
-    assert all(math.isfinite(x) for x in got)
-    assert max_rel_diff(single_reference(), got) <= 1e-2
+def test_fsdp_bf16_mixed_precision_policy_tracks_fp32(tmp_path, reference_run):
+    run_dir = train_run(tmp_path, "fsdp_bf16", ["parallel=fsdp", "zero=stage2", "precision=bf16"])
+    assert assert_parity(run_dir, reference_run())["kind"] == "bf16"
 
 
 def test_precision_the_device_cannot_run_is_refused(monkeypatch):

@@ -5,13 +5,14 @@ import json
 import time
 
 from framework.data.prefetch import BatchPrefetcher
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.helpers import FAST, SAVE_LAST, check_ok, read_metrics, run_framework
+from tests.parity import assert_parity
 
 
-def test_profiled_steps_leave_a_trace_per_rank_and_change_nothing(tmp_path, single_reference):
+def test_profiled_steps_leave_a_trace_per_rank_and_change_nothing(tmp_path, reference_run):
     run_dir = tmp_path / "ddp"
-    check_ok(run_framework([*FAST, "parallel=ddp", "trainer.profile.steps=[2,3]"], run_dir))
-    assert max_rel_diff(single_reference(), losses(run_dir)) <= 1e-5
+    check_ok(run_framework([*FAST, SAVE_LAST, "parallel=ddp", "trainer.profile.steps=[2,3]"], run_dir))
+    assert_parity(run_dir, reference_run())
     for rank in (0, 1):
         trace = json.loads((run_dir / "profile" / f"rank_{rank}.pt.trace.json").read_text())
         names = {e.get("name") for e in trace["traceEvents"]}

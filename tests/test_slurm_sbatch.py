@@ -1,4 +1,4 @@
-"""README's sbatch script runs as written under a fake srun (tests/fakes/srun: one node, 2 CPU tasks with
+"""The sbatch script of docs/how-to/slurm.md runs as written under a fake srun (tests/fakes/srun: one node, 2 CPU tasks with
 srun's variables), shrunk by overrides given after the script's name as `sbatch train.sbatch ARGS` would
 pass them. A first attempt gets SLURM's --signal (USR1 to every task), saves a checkpoint, exits 143 and
 requeues itself (a fake scontrol records it); the job's second attempt (same SLURM job id) finds the
@@ -6,30 +6,32 @@ checkpoint in the job's run dir and resumes, saying so."""
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 
+from tests.docs_commands import bash_blocks, logical_lines, pages, run_by
 from tests.helpers import REPO
 
 FAKES = REPO / "tests" / "fakes"
 SHRINK = ["model=tiny", "data=synthetic", "data.seq_len=32", "data.vocab_size=256", "device=cpu", "precision=fp32",
           "parallel.dp_replicate=1", "activation_checkpointing=none", "trainer.max_steps=30",
           "trainer.global_batch_size=4", "trainer.eval_every=0", "trainer.progress_bar=false",
-          "logging.tensorboard=false", "trainer.log_every=1", "checkpoint.interval=1000"]
+          "logging.trackers=[]", "trainer.log_every=1", "checkpoint.interval=1000"]
 
 
 def sbatch_script() -> str:
-    blocks = re.findall(r"```bash\n(#!/bin/bash\n.*?)```", (REPO / "README.md").read_text(), flags=re.S)
-    scripts = [b for b in blocks if "#SBATCH" in b]
-    assert len(scripts) == 1, "README shows one sbatch script"
+    """The one sbatch script the docs show: the block of the srun command this test runs."""
+    (srun,) = run_by(__file__)
+    scripts = [b for path in pages() for b in bash_blocks(path) if "#SBATCH" in b]
+    assert len(scripts) == 1, "the docs show one sbatch script"
+    assert srun.text in logical_lines(scripts[0])
     return scripts[0]
 
 
-def test_readme_sbatch_script_asks_for_what_the_text_says():
+def test_docs_sbatch_script_asks_for_what_the_text_says():
     script = sbatch_script()
     for directive in ("--nodes=4", "--ntasks-per-node=8", "--gpus-per-node=8", "--requeue", "--signal=USR1@"):
         assert f"#SBATCH {directive}" in script
@@ -74,7 +76,7 @@ def _steps(run_dir) -> list[int]:
             if '"loss"' in line]
 
 
-def test_readme_sbatch_script_runs_is_requeued_on_its_signal_and_resumes(tmp_path):
+def test_docs_sbatch_script_runs_is_requeued_on_its_signal_and_resumes(tmp_path):
     job_id = str(random.randrange(10**6, 10**7))   # the rendezvous port derives from it: apart from other runs
     run_dir = tmp_path / "outputs" / "slurm" / job_id
     first = _attempt(tmp_path, job_id, signal_after_steps=2)

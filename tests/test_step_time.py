@@ -3,18 +3,15 @@ work and the host waits for the device between steps (reading the previous step'
 a CPU job shows the same shape with FRAMEWORK_FAULT's `between:*:do=sleep`, a known wait at that point
 of every step. Two ddp x2 jobs (log_every 1 and 10) serve every end-to-end assertion."""
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from framework.metrics.interval import APART, LogInterval
 from framework.metrics.trace_steps import trace_step_times
-from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework
+from tests.helpers import FAST, check_ok, read_metrics, run_framework
 
-WAIT_S = 0.05
+WAIT_S = 0.1
 JOBS = {   # log_every -> (steps, the profiled steps = one log interval's, eval and checkpoint steps)
     1: (10, (5, 8), ["trainer.eval_every=9", "checkpoint.interval=9"]),
     10: (22, (11, 20), ["trainer.eval_every=21", "checkpoint.interval=21"]),
@@ -104,7 +101,10 @@ def test_step_time_holds_the_wait_between_steps_as_the_trace_does(jobs, log_ever
     covered = [(r["step"] - p["step"], r["step_time"]) for p, r in zip(records, records[1:])
                if p["step"] + 1 >= first and r["step"] <= last]
     reported = sum(n * t for n, t in covered) / sum(n for n, _ in covered)
-    assert reported == pytest.approx(trace["host"], rel=0.05), (reported, trace)
+    # The records' windows (end of one record to the end of the next) and the trace's (start of a step to
+    # the start of the next) are offset by part of a step, which a loaded machine stretches at random: held
+    # to half the wait, a step_time that left the wait out (or counted it twice) still fails.
+    assert abs(reported - trace["host"]) < WAIT_S / 2, (reported, trace)
 
 
 @pytest.mark.parametrize("log_every", sorted(JOBS))
@@ -116,10 +116,3 @@ def test_records_add_up_to_the_training_loop_wall_time(jobs, log_every):
                     for before, step, r in zip([0, *steps], steps, records))
     loop = float(re.search(r"in a ([\d.]+) s loop", stdout).group(1))
     assert accounted == pytest.approx(loop, rel=0.03), (accounted, loop)
-
-
-def test_gpu_check_without_a_gpu_says_so_and_runs_nothing():
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["no GPU visible (torch.cuda.is_available() is False): nothing to check here"]

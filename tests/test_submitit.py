@@ -1,16 +1,17 @@
-"""Hydra's submitit launcher: each sweep point a multi-process job whose losses equal single's, and the
-sbatch script a 2-node SLURM job would get (no SLURM here: a fake sbatch keeps the script)."""
+"""Hydra's submitit launcher: each sweep point a multi-process job with single's losses, grad norms and
+weights, and the sbatch script a 2-node SLURM job would get (no SLURM here: a fake sbatch keeps the
+script)."""
 import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, run_framework
+from tests.helpers import FAST, SAVE_LAST, check_ok, losses, run_framework
+from tests.parity import assert_parity
 
-TOL = 1e-5
 LRS = ("1e-3", "2e-3")
-ARGS = [a for a in FAST if not a.startswith("optimizer.lr")]
+ARGS = [*(a for a in FAST if not a.startswith("optimizer.lr")), SAVE_LAST]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_each_sweep_point_is_a_two_rank_job_with_single_losses(tmp_path, local_s
     assert len(got) == 8          # one rank logs; two unaware single-rank jobs would log every step twice
     single = tmp_path / "single"
     check_ok(run_framework([*ARGS, "parallel=single", f"optimizer.lr={lr}"], single))
-    assert max_rel_diff(losses(single), got) <= TOL
+    assert_parity(run_dir, single)
     job_logs = list((local_sweep / ".submitit").glob(f"*/*_{1}_log.err"))
     assert len(job_logs) == len(LRS)   # a second task (rank 1) ran in each job
 

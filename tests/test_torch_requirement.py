@@ -1,5 +1,6 @@
 """The package declares the torch range it runs on (a cluster image keeps its own CUDA build); only CI
-pins one release, through the constraints file that .ci/run and README's set-up commands use."""
+pins one release, through the constraints file that .ci/run and the set-up commands use (README's, and the
+same on docs/getting-started.md)."""
 import re
 import tomllib
 
@@ -31,3 +32,5 @@ def test_ci_and_readme_install_with_the_constraints_file_that_pins_the_ci_releas
     installs = re.findall(r"^python3 -m venv .*$", readme, re.M)
     assert len(installs) == 2 and all("-c .ci/constraints.txt" in line for line in installs)
     assert installs[1] in ci, "README's test command is what .ci/run runs"
+    started = (REPO / "docs" / "getting-started.md").read_text()
+    assert re.findall(r"^python3 -m venv .*$", started, re.M) == installs, "getting started shows README's set-up"

@@ -7,13 +7,13 @@ DCP gives every rank the slices its own shards need.
 from __future__ import annotations
 
 import json
-import os
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from framework import storage
 from framework.checkpoint.safety import check_dcp_metadata
 from framework.checkpoint.staging import ReusedStager
 
@@ -23,6 +23,22 @@ EXTRA = "extra.json"
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def writer(path: str):
+    """DCP's writer for a path or a URL (fsspec; no fsync, which an object store's stream does not have: DCP would
+    sync the whole machine's disks instead)."""
+    if storage.is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+        return FsspecWriter(path, sync_files=False)
+    return dcp.FileSystemWriter(path)
+
+
+def reader(path: str):
+    if storage.is_url(path):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+        return FsspecReader(path)
+    return dcp.FileSystemReader(path)
+
+
 def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None,
          stager: ReusedStager | None = None):
     """Write the state. background: stage a CPU copy (into `stager`'s buffers), write it from a thread
@@ -30,13 +46,13 @@ def save(path: str, model, optimizer, scheduler, precision, background: bool = F
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     if not dist.is_initialized() or dist.get_rank() == 0:
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, EXTRA), "w") as f:
-            json.dump({"scheduler": scheduler.state_dict(), "precision": precision.state_dict()}, f)
+        storage.makedirs(path)
+        storage.write_text(storage.join(path, EXTRA),
+                           json.dumps({"scheduler": scheduler.state_dict(), "precision": precision.state_dict()}))
     if background:
-        return dcp.async_save(state, checkpoint_id=path, process_group=group, no_dist=not dist.is_initialized(),
-                              async_stager=stager)
-    dcp.save(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+        return dcp.async_save(state, storage_writer=writer(path), process_group=group,
+                              no_dist=not dist.is_initialized(), async_stager=stager)
+    dcp.save(state, storage_writer=writer(path), no_dist=not dist.is_initialized())
     return None
 
 
@@ -44,11 +60,10 @@ def load(path: str, model, optimizer, scheduler, precision) -> None:
     check_dcp_metadata(path)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path, no_dist=not dist.is_initialized())
+    dcp.load(state, storage_reader=reader(path), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=OPTIONS)
-    with open(os.path.join(path, EXTRA)) as f:
-        extra = json.load(f)
+    extra = json.loads(storage.read_text(storage.join(path, EXTRA)))
     scheduler.load_state_dict(extra["scheduler"])
     # The schedule decides the learning rate. Setting it on the scheduler's own optimizer matters where
     # that is not the one whose state was loaded (ZeRO-1 steps an inner optimizer under an outer one).

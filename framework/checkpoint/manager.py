@@ -1,4 +1,5 @@
-"""Step directories on disk: atomic saves, newest-complete lookup, pruning, compatibility checks.
+"""Step directories on disk or in a bucket: complete-or-absent saves, newest-complete lookup, retention,
+compatibility checks.
 
     <checkpoint.dir>/step_00000008/
         meta.json         written last: its presence marks the checkpoint complete; "files" holds the
@@ -9,13 +10,17 @@
         rng/rank_00000.pt RNG states per rank (tensors only)
         tokenizer.json    a copy of the data's tokenizer, when it has one (byte-level data records none)
 
-A save goes to `.step_00000008.partial/` and is renamed into place by rank 0 after every rank
-finished writing, so a crash mid-save leaves only a `.partial` dir that lookups ignore, and the
-previous checkpoint is never touched.
+On a file system a save goes to `.step_00000008.partial/` and is renamed into place by rank 0 after every
+rank finished writing, so a crash mid-save leaves only a `.partial` dir that lookups ignore, and the
+previous checkpoint is never touched. Object stores (checkpoint.dir=s3://..., any fsspec URL:
+framework.storage) have no rename: a save writes into `step_00000008/` itself and meta.json, written by rank
+0 after every rank's objects are in and checksummed, is what makes it complete; leftovers of an earlier
+attempt at the same step are deleted first, meta.json before the rest.
 """
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import random
@@ -27,8 +32,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from framework import faults
+from framework import faults, storage
 from framework.checkpoint.manifest import first_damage, shared_manifest
+from framework.checkpoint.retention import Saved, kept_steps, score_of
 from framework.checkpoint.safety import load_tensors_only
 from framework.data import tokenizer
 
@@ -42,6 +48,7 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_dir(cfg, run_dir: str) -> str:
+    """checkpoint.dir (a path or a URL), else <run dir>/checkpoints."""
     return cfg.checkpoint.dir or os.path.join(run_dir, "checkpoints")
 
 
@@ -51,11 +58,9 @@ def step_dir_name(step: int) -> str:
 
 def complete_checkpoints(root: str) -> list[str]:
     """Complete checkpoints under root, oldest first."""
-    if not os.path.isdir(root):
-        return []
-    found = [(int(m.group(1)), name) for name in os.listdir(root) if (m := STEP_DIR.match(name))
-             and os.path.isfile(os.path.join(root, name, META))]
-    return [os.path.join(root, name) for _, name in sorted(found)]
+    found = [(int(m.group(1)), name) for name in storage.listdir(root) if (m := STEP_DIR.match(name))
+             and storage.isfile(storage.join(root, name, META))]
+    return [storage.join(root, name) for _, name in sorted(found)]
 
 
 def fingerprint(cfg) -> dict:
@@ -81,8 +86,7 @@ def _model_defaults(cfg) -> dict:
 
 def read_meta(path: str) -> dict:
     try:
-        with open(os.path.join(path, META)) as f:
-            return json.load(f)
+        return json.loads(storage.read_text(storage.join(path, META)))
     except FileNotFoundError:
         raise CheckpointError(f"{path} is not a complete checkpoint (no {META})") from None
     except json.JSONDecodeError as e:
@@ -109,24 +113,40 @@ def check_compatible(path: str, cfg, strategy_format: str) -> dict:
             else:
                 detail = f"saved {saved.get(key)} vs now {now[key]}"
             raise CheckpointError(f"{path} was saved for a different {key} ({detail})")
-    state = os.path.join(path, STATE)
-    if not os.path.isdir(state) or not os.listdir(state):
+    if not storage.listdir(storage.join(path, STATE)):
         raise CheckpointError(f"{path} has no {STATE}/ data")
     return meta
 
 
+def damage(path: str) -> str | None:
+    """What is wrong with the first of a checkpoint's files that differs from its manifest (None: all
+    match, or a checkpoint saved before manifests)."""
+    manifest = read_meta(path).get("files")
+    return first_damage(path, manifest) if manifest is not None else None
+
+
+def newest_intact_beside(path: str) -> str | None:
+    """The newest other complete checkpoint in path's directory whose files all match its manifest."""
+    for other in reversed(complete_checkpoints(storage.parent(path))):
+        if _same(other, path):
+            continue
+        try:
+            if damage(other) is None:
+                return other
+        except CheckpointError:
+            continue
+    return None
+
+
 def check_intact(path: str) -> None:
     """Refuse a checkpoint whose files differ from its manifest, naming the newest intact one beside it."""
-    manifest = read_meta(path).get("files")
-    damage = first_damage(path, manifest) if manifest is not None else None
-    if damage is None:
+    found = damage(path)
+    if found is None:
         return
-    root = os.path.dirname(os.path.abspath(path))
-    older = [p for p in complete_checkpoints(root) if os.path.abspath(p) != os.path.abspath(path)]
-    intact = next((p for p in reversed(older) if first_damage(p, read_meta(p).get("files") or {}) is None), None)
+    intact = newest_intact_beside(path)
     advice = (f"the newest intact checkpoint is {intact}: resume with checkpoint.resume={intact}" if intact
               else "no intact checkpoint is left beside it; start without checkpoint.resume")
-    raise CheckpointError(f"refusing {path}: {damage}; {advice}")
+    raise CheckpointError(f"refusing {path}: {found}; {advice}")
 
 
 def completed_checkpoint(cfg, run_dir: str) -> str | None:
@@ -165,6 +185,12 @@ def resolve_resume(cfg, run_dir: str, continues: bool = False, announce: bool = 
     return resume
 
 
+def _same(a: str, b: str) -> bool:
+    if storage.is_url(a) or storage.is_url(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -175,10 +201,7 @@ def _barrier() -> None:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    storage.write_text(path, json.dumps(obj, indent=1))
 
 
 class CheckpointManager:
@@ -186,52 +209,59 @@ class CheckpointManager:
         self.cfg = cfg
         self.strategy = strategy
         self.root = checkpoint_dir(cfg, run_dir)
+        self.in_place = storage.is_url(self.root)     # an object store: no rename, meta.json completes a save
         self._pending = None
 
     def should_save(self, step: int, is_last: bool) -> bool:
         c = self.cfg.checkpoint
         return c.enabled and (is_last or (c.interval > 0 and step % c.interval == 0))
 
-    def save(self, step: int) -> None:
-        """Save this step; with checkpoint.async_save the state is written in the background and the
-        checkpoint becomes complete at the next save or at finish()."""
+    def save(self, step: int, record: dict | None = None) -> None:
+        """Save this step (`record`: its metrics, where checkpoint.score comes from); with
+        checkpoint.async_save the state is written in the background and the checkpoint becomes complete at
+        the next save or at finish()."""
         self.finish()
-        final = os.path.join(self.root, step_dir_name(step))
-        partial = os.path.join(self.root, f".{step_dir_name(step)}.partial")
+        final = storage.join(self.root, step_dir_name(step))
+        target = final if self.in_place else storage.join(self.root, f".{step_dir_name(step)}.partial")
         if _rank() == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            os.makedirs(os.path.join(partial, RNG))
+            storage.remove_tree(target, first=META)     # an earlier attempt's leftovers (complete or not)
+            storage.makedirs(storage.join(target, RNG))
         _barrier()
-        torch.save(rng_state(), os.path.join(partial, RNG, f"rank_{_rank():05d}.pt"))
-        state_dir = os.path.join(partial, STATE)
+        buffer = io.BytesIO()
+        torch.save(rng_state(), buffer)
+        storage.write_bytes(storage.join(target, RNG, f"rank_{_rank():05d}.pt"), buffer.getvalue())
+        state_dir = storage.join(target, STATE)
+        score = score_of(record, self.cfg.checkpoint.score)
         if self.cfg.checkpoint.async_save:
-            self._pending = (self.strategy.save_checkpoint_async(state_dir), step, partial, final)
+            self._pending = (self.strategy.save_checkpoint_async(state_dir), step, target, final, score)
         else:
             self.strategy.save_checkpoint(state_dir)
-            self._complete(step, partial, final)
+            self._complete(step, target, final, score)
 
     def finish(self) -> None:
         """Wait for a background save and make it a complete checkpoint."""
         if self._pending is not None:
-            future, step, partial, final = self._pending
+            future, step, target, final, score = self._pending
             self._pending = None
             future.result()
-            self._complete(step, partial, final)
+            self._complete(step, target, final, score)
 
-    def _complete(self, step: int, partial: str, final: str) -> None:
+    def _complete(self, step: int, target: str, final: str, score: float | None) -> None:
         _barrier()
         faults.inject("save", step)    # every rank's shard written, the checkpoint not yet complete
         if _rank() == 0:
-            _write_json(os.path.join(partial, TRAINER), {"step": step})
-            OmegaConf.save(self.cfg, os.path.join(partial, CONFIG), resolve=True)
-            tokenizer.record_in(self.cfg.data, partial)
-        files = shared_manifest(partial, skip=(META,))    # every rank checksums its share
+            _write_json(storage.join(target, TRAINER), {"step": step})
+            storage.write_text(storage.join(target, CONFIG), OmegaConf.to_yaml(self.cfg, resolve=True))
+            tokenizer.record_in(self.cfg.data, target)
+        files = shared_manifest(target, skip=(META,))    # every rank checksums its share
         if _rank() == 0:
-            _write_json(os.path.join(partial, META), {
+            _write_json(storage.join(target, META), {
                 "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
                 "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
-                "fingerprint": fingerprint(self.cfg), "files": files})
-            self._commit(partial, final)
+                "fingerprint": fingerprint(self.cfg), "files": files,
+                "score": {self.cfg.checkpoint.score: score} if score is not None else {}})
+            if not self.in_place:
+                self._commit(target, final)
             self._prune()
         _barrier()
 
@@ -246,18 +276,22 @@ class CheckpointManager:
             os.rename(partial, final)
 
     def _prune(self) -> None:
-        for path in complete_checkpoints(self.root)[:-self.cfg.checkpoint.keep_last]:
-            shutil.rmtree(path)
+        c = self.cfg.checkpoint
+        found = {path: read_meta(path) for path in complete_checkpoints(self.root)}
+        saved = {path: Saved(int(meta["step"]), meta.get("score", {}).get(c.score)) for path, meta in found.items()}
+        keep = kept_steps(list(saved.values()), c.keep_last, c.keep_best, c.score_mode)
+        for path, s in saved.items():
+            if s.step not in keep:
+                storage.remove_tree(path, first=META)
 
     def load(self, path: str) -> int:
         """Restore the strategy and RNG states; return the step to continue from."""
-        self.strategy.load_checkpoint(os.path.join(path, STATE))
+        self.strategy.load_checkpoint(storage.join(path, STATE))
         meta = read_meta(path)
-        rng_file = os.path.join(path, RNG, f"rank_{_rank():05d}.pt")
-        if meta["world_size"] == self.strategy.world_size and os.path.exists(rng_file):
+        rng_file = storage.join(path, RNG, f"rank_{_rank():05d}.pt")
+        if meta["world_size"] == self.strategy.world_size and storage.exists(rng_file):
             set_rng_state(load_tensors_only(rng_file))
-        with open(os.path.join(path, TRAINER)) as f:
-            return int(json.load(f)["step"])
+        return int(json.loads(storage.read_text(storage.join(path, TRAINER)))["step"])
 
 
 def rng_state() -> dict:

@@ -4,39 +4,34 @@ checked before it is loaded, so a copy cut short or a flipped block is refused b
 CRC-32 (zlib) reads the files back once after they are written, while they are still in the page
 cache; benchmarks/checkpoint_manifest_cost.py measures what that adds to a save. In a job of several
 ranks each rank checksums its share of the files (`shared_manifest`), so the time a preemption save
-spends on it shrinks with the ranks instead of growing with the model on rank 0 alone.
+spends on it shrinks with the ranks instead of growing with the model on rank 0 alone. On object storage
+(checkpoint.dir=s3://...) reading back is a second transfer of each rank's share over the network.
 """
 from __future__ import annotations
 
-import os
 import zlib
 
 import torch.distributed as dist
+
+from framework import storage
 
 CHUNK = 4 << 20
 
 
 def crc32_of(path: str) -> str:
     crc = 0
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         while block := f.read(CHUNK):
             crc = zlib.crc32(block, crc)
     return f"{crc:08x}"
 
 
 def _sizes(step_dir: str, skip: tuple[str, ...]) -> dict[str, int]:
-    sizes = {}
-    for parent, _, names in os.walk(step_dir):
-        for name in names:
-            path = os.path.join(parent, name)
-            rel = os.path.relpath(path, step_dir)
-            if rel not in skip:
-                sizes[rel] = os.path.getsize(path)
-    return dict(sorted(sizes.items()))
+    return dict(sorted((rel, size) for rel, size in storage.file_sizes(step_dir).items() if rel not in skip))
 
 
 def _entries(step_dir: str, sizes: dict[str, int]) -> dict[str, dict]:
-    return {rel: {"size": size, "crc32": crc32_of(os.path.join(step_dir, rel))} for rel, size in sizes.items()}
+    return {rel: {"size": size, "crc32": crc32_of(storage.join(step_dir, rel))} for rel, size in sizes.items()}
 
 
 def build_manifest(step_dir: str, skip: tuple[str, ...] = ()) -> dict[str, dict]:
@@ -73,15 +68,15 @@ def shared_manifest(step_dir: str, skip: tuple[str, ...] = ()) -> dict[str, dict
 
 def first_damage(step_dir: str, manifest: dict[str, dict]) -> str | None:
     """What is wrong with the first damaged file, or None when every file matches. Reads, never writes."""
+    found = storage.file_sizes(step_dir)
     for rel, expected in manifest.items():
-        path = os.path.join(step_dir, rel)
-        if not os.path.isfile(path):
+        path = storage.join(step_dir, rel)
+        if rel not in found:
             return f"{path} is missing"
-        size = os.path.getsize(path)
-        if size != expected["size"]:
-            return f"{path} is damaged: {size} bytes, {expected['size']} when saved"
+        if found[rel] != expected["size"]:
+            return f"{path} is damaged: {found[rel]} bytes, {expected['size']} when saved"
     for rel, expected in manifest.items():
-        path = os.path.join(step_dir, rel)
+        path = storage.join(step_dir, rel)
         if crc32_of(path) != expected["crc32"]:
             return f"{path} is damaged: its checksum differs from the one saved"
     return None

@@ -14,6 +14,8 @@ import pickle
 
 import torch
 
+from framework import storage
+
 _ALLOWED_MODULES = (
     "torch.distributed.checkpoint.metadata",
     "torch.distributed.checkpoint.filesystem",
@@ -54,9 +56,8 @@ class _AllowlistUnpickler(pickle.Unpickler):
 
 def check_dcp_metadata(state_dir: str) -> None:
     """Parse a DCP checkpoint's .metadata with the allowlist; raise UnsafeCheckpointError otherwise."""
-    path = os.path.join(state_dir, ".metadata")
-    with open(path, "rb") as f:
-        data = f.read()
+    path = storage.join(state_dir, ".metadata")
+    data = storage.read_bytes(path)
     try:
         _AllowlistUnpickler(io.BytesIO(data)).load()
     except UnsafeCheckpointError as e:
@@ -68,7 +69,7 @@ def check_dcp_metadata(state_dir: str) -> None:
 def load_tensors_only(path: str):
     """torch.load of small extra state: plain tensors and containers only, never arbitrary objects."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpointError(f"{path}: refused to load ({str(e).splitlines()[0]})") from None
 

@@ -15,6 +15,7 @@ launcher's shape is unit-tested with a plain dict.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
@@ -38,9 +39,12 @@ class Worker:
     master_addr: str
     master_port: int
     job_id: Optional[str] = None
+    own_gpu: bool = False    # the launcher gave each task its own GPU (srun --gpus-per-task, --gpu-bind): the one it sees
 
     def torch_env(self) -> dict[str, str]:
-        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(self.local_rank),
+        # LOCAL_RANK is the GPU index to torch, DeepSpeed and us: a task that sees only its own GPU uses GPU 0
+        local_rank = 0 if self.own_gpu else self.local_rank
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": str(local_rank),
                 "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
                 "MASTER_PORT": str(self.master_port)}
 
@@ -67,17 +71,39 @@ class Node:
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
-    """SLURM's compressed host list -> host names: 'gpu[01-03,07],login1' -> gpu01 gpu02 gpu03 gpu07 login1."""
-    hosts = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", hostlist):
-        if plain:
-            hosts.append(plain)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{i:0{len(lo)}d}")
-    return hosts
+    """SLURM's compressed host list -> host names, in SLURM's order: items split at commas (and white space)
+    outside brackets; in an item each bracket group is a comma list of numbers and ranges, zero padding kept,
+    several groups giving every combination, the first group varying slowest. 'gpu[01-03,07],login1' ->
+    gpu01 gpu02 gpu03 gpu07 login1; 'rack[1-2]-node[01-02]' -> rack1-node01 rack1-node02 rack2-node01 ..."""
+    return [host for item in _hostlist_items(hostlist) for host in _expand_item(item)]
+
+
+def _hostlist_items(hostlist: str) -> list[str]:
+    items, current, depth = [], "", 0
+    for char in hostlist:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth == 0 and (char == "," or char.isspace()):
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    return [item for item in items + [current] if item]
+
+
+def _expand_item(item: str) -> list[str]:
+    """'rack[1-2]-node[01-02]' -> the names of every combination of its bracket groups."""
+    parts = re.split(r"\[([^\]]*)\]", item)     # text, group, text, group, ..., text
+    choices = [[text] if i % 2 == 0 else _bracket_values(text) for i, text in enumerate(parts)]
+    return ["".join(combo) for combo in itertools.product(*choices)]
+
+
+def _bracket_values(group: str) -> list[str]:
+    """'01-03,07' -> 01 02 03 07: a range keeps the width of its first bound."""
+    values = []
+    for part in group.split(","):
+        lo, _, hi = part.strip().partition("-")
+        values += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+    return values
 
 
 def tasks_per_node(value: str) -> list[int]:
@@ -137,7 +163,7 @@ def _kubeflow(env: Mapping[str, str]) -> Node | Worker | None:
 
 
 def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntasks: str, local_rank: str,
-               nnodes: str, node_id: str, first_host: str) -> Node | Worker | None:
+               nnodes: str, node_id: str, first_host: str, own_gpu: bool = False) -> Node | Worker | None:
     tasks, nodes = _int(env, ntasks) or 1, _int(env, nnodes) or 1
     port = port_for_job(job_id)
     if tasks == nodes == 1:
@@ -145,7 +171,7 @@ def _scheduler(env: Mapping[str, str], source: str, job_id: str, rank: str, ntas
     if tasks == nodes:   # one task per node: it spawns the node's workers, meeting at the first host
         return Node(source, _int(env, node_id) or 0, nodes, nodes, None, first_host, port, "c10d", job_id)
     return Worker(source, _int(env, rank) or 0, tasks, _int(env, local_rank) or 0,
-                  _local_tasks(env, tasks, nodes, _int(env, node_id)), first_host, port, job_id)
+                  _local_tasks(env, tasks, nodes, _int(env, node_id)), first_host, port, job_id, own_gpu)
 
 
 def discover(env: Mapping[str, str]) -> Node | Worker | None:
@@ -162,8 +188,14 @@ def discover(env: Mapping[str, str]) -> Node | Worker | None:
         hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "localhost")
         return _scheduler(env, "slurm", job_id, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                             "SLURM_NNODES" if "SLURM_NNODES" in env else "SLURM_JOB_NUM_NODES",
-                            "SLURM_NODEID", hosts[0])
+                            "SLURM_NODEID", hosts[0], own_gpu=_gpus_bound_per_task(env))
     return _kubeflow(env)
+
+
+def _gpus_bound_per_task(env: Mapping[str, str]) -> bool:
+    """srun --gpus-per-task or --gpu-bind: SLURM shows each task only the GPUs bound to it (variables srun sets
+    only with those options)."""
+    return bool(env.get("SLURM_GPUS_PER_TASK") or env.get("SLURM_GPU_BIND"))
 
 
 def _safe(name: str) -> str:

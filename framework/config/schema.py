@@ -18,7 +18,11 @@ from omegaconf import MISSING
 
 from framework.axes import crossed
 
+from framework.checkpoint.retention import SCORE_MODES
+from framework.cluster.engines import ENGINES
+from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
+from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
@@ -36,15 +40,19 @@ class OneOf:
 @dataclass
 class ParallelConfig:
     """Options every strategy understands; strategies subclass it with their own knobs."""
-    name: str = MISSING
+    name: str = MISSING                     # the strategy; set by the group option (parallel=<name>)
+    # data-parallel replica groups (HSDP: sharded inside a group, replicated across); -1 = the rest
     dp_replicate: int = crossed(1, 2)
-    dp_shard: int = 1
-    tp: int = crossed(1, 2)
-    pp: int = crossed(1, 2)
+    dp_shard: int = 1                       # ranks a parameter is sharded over (FSDP2); -1 = the rest of the world size
+    tp: int = crossed(1, 2)                 # tensor-parallel degree (parallel=3d)
+    pp: int = crossed(1, 2)                 # pipeline stages (parallel=3d)
+    # GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | DualPipeV
     pp_schedule: str = crossed("1F1B", *(s for s in PP_SCHEDULES if s != "1F1B"))
     pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
-    pp_virtual_stages: int = crossed(1, 2)             # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
-    cp: int = crossed(1, 2)                            # context parallel: ranks that split every sequence (parallel=3d)
+    # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
+    pp_virtual_stages: int = crossed(1, 2)
+    cp: int = crossed(1, 2)                 # context parallel: ranks that split every sequence (parallel=3d)
+    # tp > 1: norms and residual activations sharded over the tp ranks along the sequence
     sequence_parallel: bool = crossed(False, True)
     ep: int = crossed(1, 2)                            # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
 
@@ -53,36 +61,37 @@ class ParallelConfig:
 class AutoParallelConfig(ParallelConfig):
     """parallel=auto: the planner picks the layout (strategy, zero, degrees, schedule, AC, micro-batch)."""
     name: str = "auto"
-    strategies: list[str] = field(default_factory=lambda: ["single", "ddp", "fsdp", "deepspeed", "3d"])
+    strategies: Optional[list[str]] = None  # the strategies tried; null = every registered one
     top: int = 5                            # layouts printed, best first
 
 
 @dataclass
 class ZeroConfig:
-    stage: int = 0
+    stage: int = 0      # what is sharded: 0 nothing, 1 optimizer states, 2 also gradients, 3 also parameters
+    # optimizer states (and their step) in CPU memory (fsdp: with offload_params; deepspeed)
     offload_optimizer: bool = crossed(False, True)
-    offload_params: bool = crossed(False, True)
+    offload_params: bool = crossed(False, True)     # parameters in CPU memory between uses (fsdp; deepspeed stage3)
 
 
 @dataclass
 class PrecisionConfig:
-    name: OneOf[COMPUTE_DTYPES] = "fp32"                   # fp32 | bf16 | fp16 | float8
+    name: OneOf[COMPUTE_DTYPES] = "fp32"    # the compute dtype; set by the group option (precision=<name>)
     param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
     float8_recipe: OneOf[FLOAT8_RECIPES] = crossed("tensorwise", *FLOAT8_RECIPES[1:])   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
     float8_emulate: bool = crossed(False, True)       # float8: emulate the float8 matmuls (numerics only: tests, CPU)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
-    init_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
+    init_scale: float = 65536.0             # fp16: the first loss scale (torch.amp.GradScaler)
+    growth_factor: float = 2.0              # fp16: the loss scale grows by this after growth_interval finite steps
+    backoff_factor: float = 0.5             # fp16: the loss scale shrinks by this after a step with inf/NaN gradients
+    growth_interval: int = 2000             # fp16: finite steps before the loss scale grows
 
 
 @dataclass
 class ActivationCheckpointingConfig:
-    # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept);
-    # a str, not a Literal: OmegaConf 2.3 rejects Literal annotations
+    # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept).
+    # A str, not a OneOf: validation refuses the old value `selective` naming its successors.
     mode: str = crossed("none", *(m for m in AC_MODES if m != "none"))
     every_n_layers: int = 2     # layer: checkpoint every Nth block
     save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
@@ -92,9 +101,9 @@ class ActivationCheckpointingConfig:
 
 @dataclass
 class OptimizerConfig:
-    _target_: str = MISSING
-    lr: float = MISSING
-    weight_decay: float = 0.0
+    _target_: str = MISSING                 # the torch.optim class (any class path works)
+    lr: float = MISSING                     # peak learning rate (the scheduler's warm-up and decay scale it)
+    weight_decay: float = 0.0               # decoupled weight decay (AdamW) or L2 penalty (SGD)
 
 
 @dataclass
@@ -102,23 +111,23 @@ class AdamWConfig(OptimizerConfig):
     _target_: str = "torch.optim.AdamW"
     lr: float = 3e-3
     weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    foreach: Optional[bool] = None
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam's moment decay rates
+    eps: float = 1e-8                       # added to the denominator for numerical stability
+    foreach: Optional[bool] = None          # torch's multi-tensor kernels; null = torch's choice
 
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     _target_: str = "torch.optim.SGD"
     lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
+    momentum: float = 0.9                   # momentum factor
+    nesterov: bool = False                  # Nesterov momentum
 
 
 @dataclass
 class SchedulerConfig:
-    name: OneOf[SCHEDULES] = MISSING
-    warmup_steps: int = 0
+    name: OneOf[SCHEDULES] = MISSING        # the schedule; set by the group option (scheduler=<name>)
+    warmup_steps: int = 0                   # linear warm-up from 0 to optimizer.lr over these steps
     min_lr_ratio: float = 0.1   # cosine decays to lr * min_lr_ratio at max_steps
 
 
@@ -131,17 +140,39 @@ class MixSourceConfig:
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
-    seq_len: int = 128
-    source: OneOf[SOURCES] = MISSING
+    name: str = MISSING                     # the corpus option; set by the group option (data=<name>)
+    seq_len: int = 128                      # tokens per training sequence
+    source: OneOf[SOURCES] = MISSING        # the reader (framework/data/sources.py) the option uses
     path: Optional[str] = None          # text file; token file or prepared dataset dir; Megatron .bin/.idx prefix
     dtype: OneOf[TOKEN_DTYPES] = "uint16"   # flat token files (dataset dirs and Megatron say their own)
     vocab_size: int = 256               # byte-level for pydoc and text; a prepared dataset's manifest sets it
     eos_id: Optional[int] = None        # from a prepared dataset's manifest
     tokenizer: Optional[str] = None     # bytes | a tokenizer.json; a prepared dataset's manifest sets it
     sources: list[MixSourceConfig] = field(default_factory=list)   # mix only
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05              # share of the corpus held out for val_loss
     num_tokens: int = 1_000_000         # synthetic only
+    # attention stays within each document and positions restart at its start (prepared data: its documents)
+    document_mask: bool = crossed(False, True)
+    overlong: OneOf["split", "truncate"] = "split"   # instruction data: an example longer than a sequence
+    # jsonl, parquet, datasets, chat: tokenized at launch into a dataset under cache_dir (null: ~/.cache/framework)
+    text_key: str = "text"              # the field / column holding a document's text (or a chat's messages)
+    split: str = "train"                # datasets: the split to read
+    chat_template: Optional[OneOf[TEMPLATES]] = None   # chat: null = the tokenizer's own; llama3 | chatml
+    train_on: OneOf[TRAIN_ON] = "assistant"           # chat: the tokens trained (the rest masked from the loss)
+    cache_dir: Optional[str] = None         # where prepared datasets are kept; null: ~/.cache/framework
+    prepared: Optional[str] = None      # set by the launcher: the dataset dir the inputs were prepared into
+
+
+@dataclass
+class LoraConfig:
+    """Parameter-efficient fine-tuning: adapters on the block linears, everything else frozen (models/lora.py)."""
+    enabled: bool = crossed(False, True)    # train adapters instead of the whole model
+    rank: int = 8                           # inner dimension of each adapter (A: rank x in, B: out x rank)
+    alpha: float = 16.0                 # the adapter's output is scaled by alpha / rank
+    dropout: float = 0.0                    # dropout on the adapter's input while training
+    dora: bool = crossed(False, True)   # weight-decomposed LoRA: a trained magnitude per output row
+    targets: list[str] = field(default_factory=list)   # linears whose names end so; empty = every block linear
+    base_dtype: OneOf[BASE_DTYPES] = crossed("float32", "bfloat16", "nf4")   # frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
 
 
 @dataclass
@@ -152,22 +183,28 @@ class ProfileConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 200
-    global_batch_size: int = 16
+    max_steps: int = 200                    # optimizer steps in the run (the LR schedule spans them)
+    global_batch_size: int = 16             # sequences per optimizer step, over all data-parallel ranks
     micro_batch_size: Optional[int] = None  # null = global_batch_size / data-parallel degree (no accumulation)
-    log_every: int = 10
+    log_every: int = 10                     # steps between metrics records (metrics.jsonl, TensorBoard, stdout)
     eval_every: int = 100               # 0 = never; otherwise every N steps and at the end
-    eval_batches: int = 2
+    eval_batches: int = 2                   # batches per evaluation (val_loss)
     sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
     sample_prompt: str = ""             # "" = start from the end-of-text token
-    sample_tokens: int = 32
+    sample_tokens: int = 32                 # tokens a text sample continues for
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later
     on_nonfinite: OneOf["abort", "skip"] = "abort"   # what a NaN/inf loss or gradient does
-    progress_bar: bool = True
-    # No step finished for this long: every rank writes its stacks to <run dir>/stall/ and the job
-    # fails. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with evidence)
-    # before its peers' collectives time out. 0 = off.
+    # what an out-of-memory error inside a training step does: abort, or halve the micro-batch on every rank
+    # and run the step again (the global batch stays; at micro-batch 1 the job stops, naming what it lacked)
+    on_oom: OneOf["abort", "retry"] = crossed("abort", "retry")
+    # [start, increment, samples] as Megatron's --rampup-batch-size: the global batch grows from `start` by
+    # `increment` sequences over the first `samples` sequences, up to global_batch_size; null = no ramp
+    rampup_batch_size: Optional[list[int]] = crossed(None, [4, 4, 16])
+    progress_bar: bool = True               # a tqdm bar on rank 0 (false: plain log lines only)
+    # Seconds without a finished step before every rank writes its stacks to <run dir>/stall/ and the job
+    # fails; 0 = off. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with
+    # evidence) before its peers' collectives time out.
     stall_timeout_s: float = 900.0
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
     deterministic: bool = crossed(False, True)        # GPU runs repeat exactly (slower kernels); CPU runs always do
@@ -181,45 +218,65 @@ class TrainerConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True                # save at the end, and every `interval` steps if > 0
-    dir: Optional[str] = None           # default: <run dir>/checkpoints
-    interval: int = 0
-    resume: Optional[str] = None        # null | auto (newest complete in dir) | <path of a step dir>
-    keep_last: int = 2
+    dir: Optional[str] = None           # a path or an fsspec URL (s3://bucket/prefix, gs://, az://); default: <run dir>/checkpoints
+    interval: int = 0                       # steps between saves; 0 = only at the end
+    resume: Optional[str] = None        # null | auto (newest complete in dir) | <path or URL of a step dir>
+    keep_last: int = 2                      # complete checkpoints kept; older ones are deleted
+    keep_best: int = 0                  # also keep this many with the best `score` (0 = off)
+    score: str = "val_loss"             # the metric keep_best ranks by, as the step's metrics record names it
+    score_mode: OneOf[SCORE_MODES] = "min"   # min: lower is better | max
     async_save: bool = crossed(False, True)           # write in the background (torch-native strategies; `async` is a keyword)
-    initial_load: Optional[str] = None  # a dir of HF-layout safetensors to start the weights from
+    initial_load: Optional[str] = None  # a dir (or URL) of HF-layout safetensors to start the weights from
+
+
+@dataclass
+class RayConfig:
+    """launcher.engine=ray: where the Ray cluster is and what each worker asks it for."""
+    address: Optional[str] = None           # host:port or ray://host:10001; null = $RAY_ADDRESS, else start a local one
+    resources_per_worker: dict[str, float] = field(default_factory=dict)   # e.g. {CPU: 8}; empty = Ray's default (1 CPU, + 1 GPU on GPUs)
+    callbacks: list[str] = field(default_factory=list)   # import paths of ray.train.UserCallback classes for the run
 
 
 @dataclass
 class LauncherConfig:
-    nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need
-    max_restarts: int = 0
-    monitor_interval: float = 0.1
+    engine: OneOf[ENGINES] = "torch"        # torch: workers here (spawned, or under torchrun/SLURM/Kubeflow) | ray: a Ray Train job
+    ray: RayConfig = field(default_factory=RayConfig)
+    nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need; under Ray: the number of Ray workers
+    max_restarts: int = 0                   # restarts of the worker group after a failure, each from the newest checkpoint
+    monitor_interval: float = 0.1           # seconds between the elastic agent's checks of its workers
     backend: Optional[str] = None           # null = nccl on CUDA (plus gloo when offloading), gloo otherwise
-    # A collective that cannot complete (a peer died or hangs) raises after this long on every rank,
-    # so the elastic agent restarts the group or gives up. Generous enough for a first DeepSpeed op
-    # build or a large checkpoint on a slow disk; lower it to fail faster.
+    # Seconds a collective waits for a peer that died or hangs before it raises on every rank. The elastic
+    # agent then restarts the group or gives up. Generous enough for a first DeepSpeed op build or a large
+    # checkpoint on a slow disk; lower it to fail faster.
     timeout_s: float = 1200.0
-    # signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me):
-    # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2
+    # Signals that stop the run after the current step with a checkpoint and exit code 143 (requeue me).
+    # SLURM's and Kubernetes' SIGTERM, `sbatch --signal` USR1, submitit's USR2.
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1", "SIGUSR2"])
-    # After passing a signal on, the launcher's elastic agent waits this long for the workers to finish
-    # their step, vote, save and exit before it SIGKILLs them (torch's own default is 30 s). Sized for
-    # the llama3_8b recipe's preemption save (README, "Signals"); a larger model or slower disk needs more.
+    # Seconds the launcher's elastic agent gives workers, after passing a signal on, before it SIGKILLs
+    # them (torch's own default is 30 s). They finish their step, vote, save and exit in it. Sized for the
+    # llama3_8b recipe's preemption save (docs/how-to/preemption.md); a larger model or slower disk needs more.
     stop_grace_s: float = 180.0
 
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = True
+    # where metrics go besides metrics.jsonl (always written): any of framework/metrics/trackers' TRACKERS
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    tracker_errors: OneOf["fail", "warn"] = "fail"   # a tracker unreachable at start: exit 2, or warn and go on
+    experiment: str = "framework"           # MLflow experiment / W&B project
+    run_name: Optional[str] = None          # null = the run dir's name (a sweep point: <sweep dir>-<n>)
+    mlflow_tracking_uri: Optional[str] = None   # null = MLFLOW_TRACKING_URI
+    gpu_health: bool = True                 # NVML (nvidia-ml-py) readings of each rank's GPU in every record
     peak_flops: Optional[float] = None      # per device; null = look up the device
     cpu_peak_flops: float = 3.0e11          # what MFU is measured against on CPU
 
 
 @dataclass
 class PlannerConfig:
-    device: Optional[str] = None        # h100 | h100_pcie | h200 | a100_40gb | a100_80gb | b200 | mi300x | cpu; null = detected
-    nodes: int = 1
-    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else 8 for a GPU from the table
+    # h100 | h100_96gb | h100_pcie | h200 | a100_40gb | a100_80gb | b200 | mi300x | cpu; null = detected
+    device: Optional[str] = None
+    nodes: int = 1                          # nodes to plan for (python -m framework.plan)
+    gpus_per_node: Optional[int] = None  # null = launcher.nproc_per_node, else the world on a CPU, else 8 for a GPU
     check: bool = True                  # refuse (exit 2) a job the plan says cannot fit the device
     time_on_device: bool = True         # python -m framework.plan on a GPU: time the job's blocks there
 
@@ -239,5 +296,6 @@ class Config:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
-    seed: int = 0
-    device: OneOf["auto", "cpu", "cuda"] = "auto"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    seed: int = 0                       # initial weights and every step's batches follow from it
+    device: OneOf["auto", "cpu", "cuda"] = "auto"   # auto = cuda where a GPU is visible, else cpu

@@ -4,7 +4,7 @@ Each rule raises ConfigError(key, message) with the numbers involved and what wo
 """
 from __future__ import annotations
 
-import glob
+import importlib.util
 import math
 import os
 
@@ -12,19 +12,22 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from framework import determinism
+from framework import determinism, storage
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, resolve_resume)
+from framework.cluster.engines import workers_here
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
 from framework.errors import ConfigError
+from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
-from framework.data.mixture import BLOCK, block_counts
-from framework.data.sources import DataError, check_token_range, path_kind, source_name, streams
+from framework.data.sources import DataError, check_token_range, source_of, streams
 from framework.devices import check_visible_gpus
+from framework.metrics.trackers import TRACKERS, tracker_class
+from framework.metrics.trackers.mlflow_tracker import tracking_uri
 from framework.models import hf_files
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
@@ -60,32 +63,12 @@ def validate_model(cfg) -> None:
     if "_target_" not in model or not model._target_:
         raise ConfigError("model._target_", "missing: name the nn.Module class to train")
     _importable("model._target_", model._target_)
-    spec_for(model).validate(cfg)
-
-
-def _megatron_prefix(key: str, path: str) -> None:
-    if not os.path.isfile(path + ".idx") or not os.path.isfile(path + ".bin"):
-        hint = (f"; give the prefix without the extension: {path[:-4]}" if path.endswith((".bin", ".idx"))
-                else "")
-        raise ConfigError(key, f"no {path}.bin and {path}.idx{hint}")
-
-
-def _mixture_sources(cfg) -> None:
-    sources = cfg.data.sources
-    if not sources:
-        raise ConfigError("data.sources", "is empty; give data.sources=[{path: A, weight: 0.7}, {path: B, weight: 0.3}]")
-    for i, source in enumerate(sources):
-        if source.weight <= 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"must be positive, got {source.weight}")
-        if path_kind(source.path) is None:
-            raise ConfigError(f"data.sources[{i}].path", f"no such file, dataset dir or Megatron prefix: {source.path}")
-    names = [source_name(s) for s in sources]
-    if len(set(names)) != len(names):
-        raise ConfigError("data.sources", f"two sources are named alike ({', '.join(names)}); give each a name")
-    for i, count in enumerate(block_counts([s.weight for s in sources])):
-        if count == 0:
-            raise ConfigError(f"data.sources[{i}].weight", f"{sources[i].weight} is too small a share to draw one "
-                                                           f"sequence in {BLOCK}; raise it or drop the source")
+    spec = spec_for(model)
+    spec.validate(cfg)
+    if cfg.data.document_mask and not spec.takes_documents:
+        raise ConfigError("data.document_mask", f"{model._target_} (model spec {spec.name}) takes no document "
+                                                f"boundaries; set data.document_mask=false or use a model that does "
+                                                f"(llama, gpt2, moe, hf)")
 
 
 def validate_data_files(cfg) -> None:
@@ -93,17 +76,7 @@ def validate_data_files(cfg) -> None:
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
-    if data.source in ("text", "tokens", "megatron") and not data.path:
-        raise ConfigError("data.path", f"is required for data.source={data.source}; set data.path=/path/to/"
-                                       f"{'prefix' if data.source == 'megatron' else 'file'}")
-    if data.source == "text" and not os.path.isfile(data.path):
-        raise ConfigError("data.path", f"no such file: {data.path}")
-    elif data.source == "tokens" and not os.path.exists(data.path):
-        raise ConfigError("data.path", f"no such file or dataset dir: {data.path}")
-    elif data.source == "megatron":
-        _megatron_prefix("data.path", data.path)
-    elif data.source == "mix":
-        _mixture_sources(cfg)
+    source_of(data).check(data)
 
 
 def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
@@ -124,6 +97,7 @@ def validate_data_contents(cfg) -> None:
     """Opens the data (memmaps; a prepared dataset's token range comes from its manifest, the others'
     are scanned): the last check, after the cheap ones passed."""
     data = cfg.data
+    mixture = source_of(data).mixture
     try:
         found = streams(data)
         for stream in found:
@@ -135,17 +109,24 @@ def validate_data_contents(cfg) -> None:
     except DataError as e:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
+    for stream in found:
+        if data.document_mask and stream.starts is None:
+            raise ConfigError("data.document_mask", f"data.source={data.source} ({stream.name}) records no document "
+                                                    f"boundaries (a dataset dir from `python -m framework.data."
+                                                    f"prepare` does); set data.document_mask=false")
+        if stream.mask is not None:
+            _enough_examples(cfg, stream, mixture)
     # With no validation fraction at all, the trainer.eval_every rule below says what to change.
     evaluates = bool(cfg.trainer.eval_every) and data.val_fraction > 0
-    for stream in found:
+    for stream in (s for s in found if s.mask is None):
         n = len(stream.tokens)
-        if data.source != "mix" and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
+        if not mixture and data.path and not _long_enough(n, data.seq_len, data.val_fraction, evaluates):
             split = f" plus a validation split (data.val_fraction={data.val_fraction}) of as many" if evaluates else ""
             raise ConfigError("data.path", f"{data.path} is empty" if not n else
                               f"{data.path} is too short: it holds {n} tokens, one training sequence needs "
                               f"{data.seq_len + 1}{split}, so at least "
                               f"{_shortest_corpus(data.seq_len, data.val_fraction, evaluates)} tokens")
-        where = f" in {stream.name}" if data.source == "mix" else ""
+        where = f" in {stream.name}" if mixture else ""
         n_val = int(n * data.val_fraction)
         if n - n_val < data.seq_len + 1:
             raise ConfigError("data.seq_len", f"the training split{where} holds {n - n_val} tokens, "
@@ -153,6 +134,43 @@ def validate_data_contents(cfg) -> None:
         if cfg.trainer.eval_every and n_val < data.seq_len + 1:
             raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
                                                     f"sequence; raise data.val_fraction or set trainer.eval_every=0")
+
+
+def _enough_examples(cfg, stream, mixture: bool) -> None:
+    """Instruction data is packed whole: its training split needs an example, its validation split one more
+    where evaluation runs."""
+    from framework.data.batches import split_stream
+    train, val = split_stream(stream, cfg.data.val_fraction)
+    where = f" in {stream.name}" if mixture else ""
+    if len(train.starts) < 2:
+        raise ConfigError("data.path", f"the training split{where} holds no example")
+    if cfg.trainer.eval_every and len(val.starts) < 2:
+        raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
+                                                f"example; raise data.val_fraction or set trainer.eval_every=0")
+
+
+def validate_lora(cfg) -> None:
+    """lora.*: positive sizes, a precision that leaves the linears as they are, and linears to adapt."""
+    c = cfg.lora
+    if not c.enabled:
+        return
+    _positive(cfg, "lora.rank", "lora.alpha")
+    if not 0 <= c.dropout < 1:
+        raise ConfigError("lora.dropout", f"must be in [0, 1), got {c.dropout}")
+    if cfg.precision.name == "float8":
+        raise ConfigError("lora.enabled", "precision=float8 converts the linears the adapters sit on; train "
+                                          "adapters with precision=bf16 (lora.base_dtype=float8 stores the frozen "
+                                          "weights in float8)")
+    from framework.models.factory import ModelFactory
+    import torch
+    factory = ModelFactory(cfg)
+    with torch.device("meta"):
+        model = factory.spec.build(cfg.model, load_weights=False)
+    if not factory.lora_names(model):
+        wanted = f"named {', '.join(c.targets)} " if c.targets else ""
+        raise ConfigError("lora.targets", f"{cfg.model._target_} has no nn.Linear {wanted}in its blocks "
+                                          f"({', '.join(t.__name__ for t in factory.spec.block_classes(model)) or 'none'}) "
+                                          f"to adapt")
 
 
 def validate_profile(cfg) -> None:
@@ -169,6 +187,22 @@ def validate_sampling(cfg) -> None:
     if t.sample_every and tokenizer.of_data(cfg.data) is None:
         raise ConfigError("trainer.sample_every", f"needs the data's tokenizer; data.source={cfg.data.source} names "
                                                   f"none: set data.tokenizer=/path/to/tokenizer.json")
+
+
+def validate_logging(cfg) -> None:
+    names = list(cfg.logging.trackers)
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError("logging.trackers", f"{name!r} is not a tracker; use any of {', '.join(TRACKERS)} "
+                                                  f"(metrics.jsonl is always written)")
+        if importlib.util.find_spec(tracker_class(name).package) is None:
+            raise ConfigError("logging.trackers", f"{name} needs its client library: pip install 'framework[{name}]'")
+    if len(set(names)) != len(names):
+        raise ConfigError("logging.trackers", f"names a tracker twice: {names}")
+    if "mlflow" in names and not tracking_uri(cfg):
+        raise ConfigError("logging.mlflow_tracking_uri", "logging.trackers has mlflow but no tracking server is "
+                                                         "given; set logging.mlflow_tracking_uri=http://HOST:PORT "
+                                                         "or MLFLOW_TRACKING_URI")
 
 
 def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> None:
@@ -213,6 +247,47 @@ def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> N
         raise ConfigError(key, f"{path}: {errors[0]}")
 
 
+def validate_retention(cfg) -> None:
+    """checkpoint.keep_best ranks saves by checkpoint.score: every periodic save must be of a step that has it."""
+    c, t = cfg.checkpoint, cfg.trainer
+    if c.keep_best < 0:
+        raise ConfigError("checkpoint.keep_best", f"must not be negative, got {c.keep_best}")
+    if not c.keep_best or not c.enabled:
+        return
+    if c.score == "val_loss":
+        if not t.eval_every:
+            raise ConfigError("checkpoint.keep_best", "ranks checkpoints by checkpoint.score=val_loss, which "
+                                                      "trainer.eval_every=0 never computes; set trainer.eval_every")
+        if c.interval and c.interval % t.eval_every:
+            raise ConfigError("checkpoint.keep_best", f"ranks by val_loss, computed every trainer.eval_every="
+                                                      f"{t.eval_every} steps, but checkpoint.interval={c.interval} "
+                                                      f"saves between them; make the interval a multiple of "
+                                                      f"{t.eval_every}")
+    elif c.interval and c.interval % t.log_every:
+        raise ConfigError("checkpoint.keep_best", f"ranks by {c.score} from the metrics records, written every "
+                                                  f"trainer.log_every={t.log_every} steps, but checkpoint.interval="
+                                                  f"{c.interval} saves between them; make the interval a multiple "
+                                                  f"of {t.log_every}")
+
+
+def validate_storage(cfg, strategy_cls, probe: bool) -> None:
+    """checkpoint.dir as a URL: a strategy that writes there, and (`probe`: at launch, not where manifests are
+    written for a cluster with credentials of its own) a bucket this process can write to (an object written and
+    deleted), so a missing bucket or a refused access stops the job before any work."""
+    c = cfg.checkpoint
+    if not storage.is_url(c.dir):
+        return
+    if not strategy_cls.saves_to_urls:
+        raise ConfigError("checkpoint.dir", f"parallel={strategy_cls.name} saves through its own engine to a file "
+                                            f"system path, not to {c.dir}; use a path (a mounted bucket), or a "
+                                            f"strategy that checkpoints through torch.distributed.checkpoint")
+    if probe and (c.enabled or c.resume):
+        try:
+            storage.check_writable(c.dir)
+        except storage.StorageError as e:
+            raise ConfigError("checkpoint.dir", str(e)) from None
+
+
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
@@ -220,27 +295,32 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
     if c.async_save and not strategy_cls.supports_async_save:
         raise ConfigError("checkpoint.async_save", f"parallel={strategy_cls.name} saves through its own engine, "
                                                    f"not in the background; set checkpoint.async_save=false")
-    if c.resume not in (None, "auto") and not os.path.isdir(c.resume):
-        raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
-    if c.initial_load is not None and not os.path.isdir(c.initial_load):
-        raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    validate_retention(cfg)
+    validate_storage(cfg, strategy_cls, probe=run_dir is not None)
+    try:
+        if c.resume not in (None, "auto") and not storage.isdir(c.resume):
+            raise ConfigError("checkpoint.resume", f"no such checkpoint directory: {c.resume}")
+        if c.initial_load is not None and not storage.isdir(c.initial_load):
+            raise ConfigError("checkpoint.initial_load", f"no such directory: {c.initial_load}")
+    except OSError as e:
+        raise ConfigError("checkpoint.resume" if c.resume else "checkpoint.initial_load", str(e)) from None
     if c.initial_load is not None:
-        validate_initial_load(cfg, c.initial_load, explicit)
+        validate_initial_load(cfg, storage.local_copy(c.initial_load), explicit)
     if run_dir is None:
         return
-    path = resolve_resume(cfg, run_dir)
-    if path is None:
-        return
     try:
+        path = resolve_resume(cfg, run_dir)
+        if path is None:
+            return
         check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
         if meta["format"] == "dcp":
-            check_dcp_metadata(os.path.join(path, STATE))
+            check_dcp_metadata(storage.join(path, STATE))
         elif meta["format"] == "deepspeed":
             check_deepspeed_files(os.path.join(path, STATE))
-        for rng_file in glob.glob(os.path.join(path, RNG, "*.pt")):
-            load_tensors_only(rng_file)
-    except (CheckpointError, UnsafeCheckpointError) as e:
+        for name in storage.listdir(storage.join(path, RNG)):
+            load_tensors_only(storage.join(path, RNG, name))
+    except (CheckpointError, UnsafeCheckpointError, OSError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
     if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):
         raise ConfigError("checkpoint.resume", f"{path} is at step {meta['step']}, not before "
@@ -277,16 +357,20 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
         raise ConfigError("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
-    check_visible_gpus(cfg, world_size)
+    if workers_here(cfg):      # Ray places its workers on the cluster's GPUs, not this host's
+        check_visible_gpus(cfg, world_size)
     _importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
     check_ac_mode(cfg.activation_checkpointing)
     validate_data_files(cfg)
     validate_sampling(cfg)
+    validate_logging(cfg)
     validate_profile(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
+    validate_lora(cfg)
     strategy_cls.validate(cfg, world_size)
+    validate_batch_changes(cfg, strategy_cls, world_size)
     validate_data_contents(cfg)

@@ -1,28 +1,157 @@
 """Layout-independent batches.
 
-The token stream is cut into non-overlapping sequences of seq_len + 1 tokens (input plus
-the shifted target). Each epoch visits them in a permutation drawn from (seed, epoch).
-Global step k takes the next global_batch_size sequences of that endless order, so the
-sequences of a step depend only on the seed and k, never on how many ranks share them.
-A data-parallel rank takes its contiguous slice of the global batch; the data position
-to checkpoint is just the step.
+A stream is cut into sequences of seq_len + 1 tokens (input plus the shifted target), one of two ways:
+  - Windows: non-overlapping windows of the token stream, across document boundaries (pretraining). With
+    data.document_mask each window also carries its tokens' document numbers: attention stays within a
+    document and positions restart at each document's start.
+  - Packed: instruction data (a loss mask) is packed whole: examples in order fill a sequence until the next
+    does not fit, the rest is padding. An example longer than a sequence is split into sequence-long pieces,
+    or cut to one (data.overlong). A piece's first token and the padding are never trained targets.
+Each epoch visits the sequences in a permutation drawn from (seed, epoch). Global step k takes the next
+global batch of that endless order (global_batch_size sequences, or during a batch-size ramp the ramp's size,
+starting after the earlier steps' sequences: data/ramp.py), so the sequences of a step depend only on the seed and
+k, never on how many ranks share them. A data-parallel rank takes its contiguous slice of the global batch;
+the data position to checkpoint is just the step. How many targets a global batch trains is known from the
+data alone (`trained_tokens`): the loss of every layout is the mean over the same tokens.
 """
 from __future__ import annotations
+
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 
+from framework.data.ramp import BatchSizes
+from framework.loss import IGNORE_INDEX
+
+PAD_ID = 0
+
+
+class Rows(NamedTuple):
+    """Sequences of seq_len + 1 tokens with what travels beside them: which tokens are trained targets
+    (None: all) and each token's document number (None: no document mask)."""
+    tokens: torch.Tensor
+    trained: Optional[torch.Tensor] = None
+    documents: Optional[torch.Tensor] = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def cat_rows(rows: list) -> "Rows | torch.Tensor":
+    """Rows of several sources (a mixture) as one: plain rows are all trained, in one document."""
+    if all(isinstance(r, torch.Tensor) for r in rows):
+        return torch.cat(rows)
+    rows = [r if isinstance(r, Rows) else Rows(r) for r in rows]
+    trained = None if all(r.trained is None for r in rows) else torch.cat(
+        [r.trained if r.trained is not None else torch.ones_like(r.tokens, dtype=torch.bool) for r in rows])
+    documents = None if all(r.documents is None for r in rows) else torch.cat(
+        [r.documents if r.documents is not None else torch.zeros_like(r.tokens, dtype=torch.int32) for r in rows])
+    return Rows(torch.cat([r.tokens for r in rows]), trained, documents)
+
+
+class Windows:
+    """Fixed windows of seq_len + 1 tokens over the stream (the last token of one is the first of the next)."""
+
+    def __init__(self, tokens, seq_len: int, starts: Optional[np.ndarray] = None):
+        self.tokens, self.seq_len, self.starts = tokens, seq_len, starts
+        self.count = (len(tokens) - 1) // seq_len
+
+    def __len__(self) -> int:
+        return self.count
+
+    def rows(self, ids) -> "Rows | torch.Tensor":
+        s = self.seq_len
+        tokens = torch.from_numpy(np.stack([np.asarray(self.tokens[i * s: i * s + s + 1], dtype=np.int64)
+                                            for i in ids]))
+        if self.starts is None:
+            return tokens
+        positions = np.asarray(ids, dtype=np.int64)[:, None] * s + np.arange(s + 1)
+        documents = np.searchsorted(self.starts, positions, side="right") - 1
+        return Rows(tokens, None, torch.from_numpy((documents - documents[:, :1]).astype(np.int32)))
+
+    def trained(self, ids) -> Optional[int]:
+        return None
+
+
+def plan_packing(starts: np.ndarray, row: int, overlong: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Whole documents, in order, into rows of `row` tokens: (piece starts, piece lengths, the first piece of
+    every row, then the piece count). A document longer than a row is split into row-long pieces, or cut."""
+    piece_start, piece_len, row_first = [], [], []
+    fill = row
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        if b - a > row and overlong == "truncate":
+            b = a + row
+        for p in range(a, b, row):
+            length = min(row, b - p)
+            if fill + length > row:
+                row_first.append(len(piece_start))
+                fill = 0
+            piece_start.append(p)
+            piece_len.append(length)
+            fill += length
+    row_first.append(len(piece_start))
+    return np.asarray(piece_start, np.int64), np.asarray(piece_len, np.int64), np.asarray(row_first, np.int64)
+
+
+class Packed:
+    """Whole examples packed into rows of seq_len + 1 tokens, each with its document numbers and trained mask."""
+
+    def __init__(self, tokens, mask, starts: np.ndarray, seq_len: int, overlong: str = "split",
+                 document_mask: bool = True):
+        self.tokens, self.mask, self.seq_len, self.document_mask = tokens, mask, seq_len, document_mask
+        self.piece_start, self.piece_len, self.row_first = plan_packing(np.asarray(starts), seq_len + 1, overlong)
+        self.count = len(self.row_first) - 1
+        self._trained_counts: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _pieces(self, i: int):
+        for p in range(self.row_first[i], self.row_first[i + 1]):
+            yield int(self.piece_start[p]), int(self.piece_len[p])
+
+    def rows(self, ids) -> Rows:
+        n, width = len(ids), self.seq_len + 1
+        tokens = np.full((n, width), PAD_ID, dtype=np.int64)
+        trained = np.zeros((n, width), dtype=bool)
+        documents = np.zeros((n, width), dtype=np.int32)
+        for r, i in enumerate(ids):
+            at = 0
+            for d, (start, length) in enumerate(self._pieces(int(i))):
+                tokens[r, at:at + length] = np.asarray(self.tokens[start:start + length])
+                trained[r, at + 1:at + length] = np.asarray(self.mask[start + 1:start + length]) != 0
+                documents[r, at:at + length] = d
+                at += length
+            documents[r, at:] = documents[r, at - 1] + 1 if at else 0    # the padding is a document of its own
+        return Rows(torch.from_numpy(tokens), torch.from_numpy(trained),
+                    torch.from_numpy(documents) if self.document_mask else None)
+
+    def trained_counts(self) -> np.ndarray:
+        """Trained targets of every row (computed once: one pass over the mask)."""
+        if self._trained_counts is None:
+            counts = np.zeros(len(self.piece_start), dtype=np.int64)
+            for p, (start, length) in enumerate(zip(self.piece_start.tolist(), self.piece_len.tolist())):
+                counts[p] = int(np.count_nonzero(np.asarray(self.mask[start + 1:start + length])))
+            self._trained_counts = np.add.reduceat(counts, self.row_first[:-1]) if self.count else counts[:0]
+        return self._trained_counts
+
+    def trained(self, ids) -> Optional[int]:
+        return int(self.trained_counts()[np.asarray(ids, dtype=np.int64)].sum())
+
 
 class GlobalBatchSampler:
-    def __init__(self, tokens: np.ndarray, seq_len: int, global_batch_size: int, seed: int,
+    def __init__(self, tokens, seq_len: int, global_batch_size: BatchSizes | int, seed: int,
                  shuffle: bool = True, stream: tuple[int, ...] = ()):
-        self.tokens = tokens
+        """`tokens`: a token stream (cut into Windows) or sequences already laid out (Windows, Packed)."""
+        self.layout = tokens if isinstance(tokens, (Windows, Packed)) else Windows(tokens, seq_len)
         self.stream = stream   # extra seed words: a mixture gives each source its own order
         self.seq_len = seq_len
-        self.global_batch_size = global_batch_size
+        self.batch_sizes = BatchSizes.of(global_batch_size)
+        self.global_batch_size = self.batch_sizes.final
         self.seed = seed
         self.shuffle = shuffle
-        self.num_sequences = (len(tokens) - 1) // seq_len
+        self.num_sequences = len(self.layout)
         if self.num_sequences < 1:
             raise ValueError(f"{len(tokens)} tokens are fewer than one sequence of {seq_len + 1}")
         self._epoch_cache: dict[int, np.ndarray] = {}
@@ -45,41 +174,56 @@ class GlobalBatchSampler:
         return np.asarray(ids, dtype=np.int64)
 
     def sequence_ids(self, step: int) -> np.ndarray:
-        start = step * self.global_batch_size
-        return self.ids_at(range(start, start + self.global_batch_size))
+        start = self.batch_sizes.offset(step)
+        return self.ids_at(range(start, start + self.batch_sizes.size(step)))
 
-    def sequences(self, ids: np.ndarray) -> torch.Tensor:
-        rows = [np.asarray(self.tokens[i * self.seq_len: i * self.seq_len + self.seq_len + 1], dtype=np.int64)
-                for i in ids]
-        return torch.from_numpy(np.stack(rows))
+    def sequences(self, ids: np.ndarray) -> "Rows | torch.Tensor":
+        return self.layout.rows(ids)
 
-    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
-        """This data-parallel rank's (global_batch_size / dp_size, seq_len + 1) slice of step `step`."""
+    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> "Rows | torch.Tensor":
+        """This data-parallel rank's (the step's global batch / dp_size, seq_len + 1) slice of step `step`."""
         ids = self.sequence_ids(step)
-        per_rank = self.global_batch_size // dp_size
+        per_rank = self.batch_sizes.size(step) // dp_size
         return self.sequences(ids[dp_rank * per_rank:(dp_rank + 1) * per_rank])
+
+    def trained_tokens(self, step: int) -> Optional[int]:
+        """Targets step `step`'s global batch trains (None: every one of its positions)."""
+        return self.layout.trained(self.sequence_ids(step))
 
     def consumed(self, steps: int) -> dict[str, int]:
         """Per-source token counts after `steps` steps: a single source has nothing to add."""
         return {}
 
 
-def build_samplers(data_cfg, global_batch_size: int, seed: int, with_val: bool):
-    """(train sampler, validation sampler or None) for the configured data."""
-    from framework.data.mixture import MixtureSampler
-    from framework.data.sources import streams
+def layout_of(stream, data_cfg):
+    """How a stream is cut into sequences: instruction data (a loss mask) packed whole, anything else in
+    windows, with document numbers where data.document_mask asks for them and the data knows its documents."""
+    document_mask = bool(data_cfg.get("document_mask"))     # a config written before the key existed: off
+    if stream.mask is not None:
+        return Packed(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.overlong, document_mask)
+    starts = stream.starts if document_mask else None
+    return Windows(stream.tokens, data_cfg.seq_len, starts)
 
-    found = streams(data_cfg)
-    splits = [split_train_val(s.tokens, data_cfg.val_fraction) for s in found]
-    if data_cfg.source != "mix":
+
+def build_samplers(data_cfg, global_batch_size: BatchSizes | int, seed: int, with_val: bool):
+    """(train sampler, validation sampler or None) for the configured data; validation batches take the
+    final global batch size."""
+    from framework.data.mixture import MixtureSampler
+    from framework.data.sources import source_of
+
+    source = source_of(data_cfg)
+    found = source.streams(data_cfg)
+    final = BatchSizes.of(global_batch_size).final
+    splits = [[layout_of(part, data_cfg) for part in split_stream(s, data_cfg.val_fraction)] for s in found]
+    if not source.mixture:
         train, val = splits[0]
         return (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
-                GlobalBatchSampler(val, data_cfg.seq_len, global_batch_size, seed, shuffle=False) if with_val else None)
+                GlobalBatchSampler(val, data_cfg.seq_len, final, seed, shuffle=False) if with_val else None)
     weights, names = [s.weight for s in found], [s.name for s in found]
-    mix = lambda index, shuffle: MixtureSampler(
+    mix = lambda index, shuffle, sizes: MixtureSampler(
         [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
-         for i, split in enumerate(splits)], weights, names, global_batch_size, seed)
-    return mix(0, True), (mix(1, False) if with_val else None)
+         for i, split in enumerate(splits)], weights, names, sizes, seed)
+    return mix(0, True, global_batch_size), (mix(1, False, final) if with_val else None)
 
 
 def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -89,6 +233,42 @@ def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray
     return tokens[:-n_val], tokens[-n_val:]
 
 
-def micro_batches(local: torch.Tensor, micro_batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Cut a rank's slice into (inputs, targets) micro-batches."""
-    return [(chunk[:, :-1], chunk[:, 1:]) for chunk in local.split(micro_batch_size)]
+def split_stream(stream, val_fraction: float):
+    """(train, validation) parts of a stream: the last val_fraction of its tokens, or of its documents where
+    it is packed (instruction data), so that no example is cut in two."""
+    from dataclasses import replace
+    if stream.mask is None:
+        train, val = split_train_val(stream.tokens, val_fraction)
+        if stream.starts is None:
+            return replace(stream, tokens=train), replace(stream, tokens=val)
+        starts = np.asarray(stream.starts)
+        cut = len(train)
+        inner = starts[(starts > 0) & (starts < cut)]
+        return (replace(stream, tokens=train, starts=np.concatenate([[0], inner, [cut]])),
+                replace(stream, tokens=val, starts=np.concatenate([[0], starts[starts > cut] - cut]) if len(val) else
+                        np.zeros(1, np.int64)))
+    starts = np.asarray(stream.starts)
+    docs = len(starts) - 1
+    cut_doc = docs - int(docs * val_fraction)
+    cut = int(starts[cut_doc])
+    return (replace(stream, tokens=stream.tokens[:cut], mask=stream.mask[:cut], starts=starts[:cut_doc + 1]),
+            replace(stream, tokens=stream.tokens[cut:], mask=stream.mask[cut:], starts=starts[cut_doc:] - cut))
+
+
+def micro_batches(local, micro_batch_size: int) -> list[tuple[torch.Tensor, ...]]:
+    """Cut a rank's slice into (inputs, targets) micro-batches, targets not trained set to IGNORE_INDEX, and
+    the inputs' document numbers third where the rows carry them."""
+    if isinstance(local, torch.Tensor):
+        return [(chunk[:, :-1], chunk[:, 1:]) for chunk in local.split(micro_batch_size)]
+    out = []
+    for i in range(0, len(local.tokens), micro_batch_size):
+        part = slice(i, i + micro_batch_size)
+        tokens = local.tokens[part]
+        targets = tokens[:, 1:]
+        if local.trained is not None:
+            targets = targets.masked_fill(~local.trained[part][:, 1:], IGNORE_INDEX)
+        batch = (tokens[:, :-1], targets)
+        if local.documents is not None:
+            batch += (local.documents[part][:, :-1],)
+        out.append(batch)
+    return out

@@ -1,6 +1,6 @@
 """Weighted mixtures: global batch positions dealt out to sources in fixed proportions.
 
-Positions (step * global_batch_size + j) are grouped in blocks of BLOCK. Every block holds the same
+Positions (the step's offset + j: data/ramp.py) are grouped in blocks of BLOCK. Every block holds the same
 number of positions per source (the weights' shares of BLOCK, rounded by largest remainder), arranged
 in a permutation drawn from (seed, block). So the source of a position, and how many earlier positions
 went to that source (its position in the source's own endless order), are computed from the seed and
@@ -9,7 +9,8 @@ the position alone: a step's sequences depend only on seed and step, and resume 
 from __future__ import annotations
 
 import numpy as np
-import torch
+
+from framework.data.ramp import BatchSizes
 
 BLOCK = 1024
 MIX_STREAM = 0x6D6978   # seed word that keeps the block permutations apart from the sources' orders
@@ -24,9 +25,11 @@ def block_counts(weights: list[float], block: int = BLOCK) -> np.ndarray:
 
 
 class MixtureSampler:
-    def __init__(self, samplers: list, weights: list[float], names: list[str], global_batch_size: int, seed: int):
+    def __init__(self, samplers: list, weights: list[float], names: list[str], global_batch_size: BatchSizes | int,
+                 seed: int):
         self.samplers, self.names = samplers, names
-        self.global_batch_size, self.seed = global_batch_size, seed
+        self.batch_sizes, self.seed = BatchSizes.of(global_batch_size), seed
+        self.global_batch_size = self.batch_sizes.final
         self.seq_len = samplers[0].seq_len
         self.counts = block_counts(weights)
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -53,12 +56,22 @@ class MixtureSampler:
             within.append(b * self.counts[source[offset]] + rank[offset])
         return np.asarray(sources), np.asarray(within)
 
-    def local_batch(self, step: int, dp_rank: int, dp_size: int) -> torch.Tensor:
-        per_rank = self.global_batch_size // dp_size
-        start = step * self.global_batch_size + dp_rank * per_rank
+    def local_batch(self, step: int, dp_rank: int, dp_size: int):
+        from framework.data.batches import cat_rows
+        per_rank = self.batch_sizes.size(step) // dp_size
+        start = self.batch_sizes.offset(step) + dp_rank * per_rank
         rows = [self.samplers[s].sequences(self.samplers[s].ids_at([p]))
                 for s, p in zip(*self.assign(range(start, start + per_rank)))]
-        return torch.cat(rows)
+        return cat_rows(rows)
+
+    def trained_tokens(self, step: int):
+        """Targets step `step`'s global batch trains (None: every position), summed over its sources' sequences."""
+        start = self.batch_sizes.offset(step)
+        counts = [self.samplers[s].layout.trained(self.samplers[s].ids_at([p]))
+                  for s, p in zip(*self.assign(range(start, start + self.batch_sizes.size(step))))]
+        if all(c is None for c in counts):
+            return None
+        return sum(self.seq_len if c is None else c for c in counts)
 
     def sequences_per_source(self, positions: int) -> np.ndarray:
         """How many of the first `positions` positions each source supplied."""
@@ -67,5 +80,5 @@ class MixtureSampler:
         return full * self.counts + np.bincount(source[:partial], minlength=len(self.counts))
 
     def consumed(self, steps: int) -> dict[str, int]:
-        counts = self.sequences_per_source(steps * self.global_batch_size)
+        counts = self.sequences_per_source(self.batch_sizes.offset(steps))
         return {f"tokens/{name}": int(n) * self.seq_len for name, n in zip(self.names, counts)}

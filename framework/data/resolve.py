@@ -1,9 +1,10 @@
-"""Fill the data section from prepared datasets' manifests, in the launching process before validation.
+"""Fill the data section from prepared datasets' manifests, in the launching process before validation
+(after the source's own resolve: a source that tokenizes at launch prepares its dataset there).
 
 A prepared dataset knows its vocabulary, EOS id and tokenizer; the user should not have to repeat them.
-data.vocab_size, data.eos_id and data.tokenizer come from the manifest. For every token source (tokens,
-megatron, mix) model.vocab_size follows data.vocab_size unless it was given on the command line (a smaller
-one is then refused by validation); the byte-level sources keep the model's own.
+data.vocab_size, data.eos_id and data.tokenizer come from the manifest. For every source that says so
+(vocab_from_data: tokens, megatron, mix) model.vocab_size follows data.vocab_size unless it was given on the
+command line (a smaller one is then refused by validation); the byte-level sources keep the model's own.
 """
 from __future__ import annotations
 
@@ -11,30 +12,21 @@ import os
 
 from framework.errors import ConfigError
 from framework.data import token_dataset
+from framework.data.sources import source_of
 from framework.data.tokenizer import TOKENIZER_FILE
-
-TOKEN_SOURCES = ("tokens", "megatron", "mix")
-
-
-def _dataset_paths(data_cfg) -> list[tuple[str, str]]:
-    """(config key, path) of every prepared dataset dir the data names."""
-    if data_cfg.source == "tokens" and data_cfg.path and os.path.isdir(data_cfg.path):
-        return [("data.path", data_cfg.path)]
-    if data_cfg.source == "mix":
-        return [(f"data.sources[{i}].path", s.path) for i, s in enumerate(data_cfg.sources)
-                if os.path.isdir(s.path)]
-    return []
 
 
 def apply_dataset_manifests(cfg, model_vocab_given: bool) -> None:
-    _apply_manifests(cfg.data)
-    if cfg.data.source in TOKEN_SOURCES and not model_vocab_given and "vocab_size" in cfg.model:
+    source = source_of(cfg.data)
+    source.resolve(cfg.data)
+    _apply_manifests(cfg.data, source.dataset_dirs(cfg.data))
+    if source.vocab_from_data and not model_vocab_given and "vocab_size" in cfg.model:
         cfg.model.vocab_size = cfg.data.vocab_size
 
 
-def _apply_manifests(data_cfg) -> None:
+def _apply_manifests(data_cfg, dataset_dirs: list[tuple[str, str]]) -> None:
     found = []
-    for key, path in _dataset_paths(data_cfg):
+    for key, path in dataset_dirs:
         try:
             found.append((key, path, token_dataset.read_manifest(path)))
         except token_dataset.DatasetError as e:

@@ -2,8 +2,11 @@
 
     <dir>/manifest.json       written last: tokens, documents, dtype, vocab size, EOS id, shards
     <dir>/shard_00000.bin     flat token ids (uint16 or uint32), documents back to back, EOS after each
+    <dir>/mask_00000.bin      instruction data only (manifest "loss_mask": true): one uint8 per token of the
+                              shard of the same number, 1 where the token is trained as a target
     <dir>/documents.npy       int64 start offset of every document in the concatenated stream, then the end
-    <dir>/tokenizer.json      the tokenizer that produced the ids
+    <dir>/tokenizer.json      the tokenizer that produced the ids (tokenizer_config.json beside it: its chat
+                              template, for chat data)
 
 Opening one reads the manifest and stats the shards; token ids are read only when a sequence is asked for,
 so a 100 GB dataset opens as fast as a 1 MB one.
@@ -29,6 +32,10 @@ def token_dtype(vocab_size: int) -> str:
 
 def shard_name(index: int) -> str:
     return f"shard_{index:05d}.bin"
+
+
+def mask_name(index: int) -> str:
+    return f"mask_{index:05d}.bin"
 
 
 class ShardedTokens:
@@ -79,10 +86,33 @@ def read_manifest(path: str) -> dict:
 def open_tokens(path: str) -> ShardedTokens:
     """Memory-map every shard after checking each one's size against the manifest (no reading)."""
     manifest = read_manifest(path)
-    dtype = np.dtype(manifest["dtype"])
+    return _open_shards(path, manifest, np.dtype(manifest["dtype"]), [s["file"] for s in manifest["shards"]])
+
+
+def open_mask(path: str) -> ShardedTokens:
+    """The loss mask of instruction data, one uint8 per token, memory-mapped like the tokens."""
+    manifest = read_manifest(path)
+    return _open_shards(path, manifest, np.dtype(np.uint8), [mask_name(i) for i in range(len(manifest["shards"]))])
+
+
+def open_starts(path: str) -> np.ndarray:
+    """documents.npy: each document's start offset, then the end of the last, checked against the manifest."""
+    manifest = read_manifest(path)
+    file = os.path.join(path, DOCUMENTS)
+    try:
+        starts = np.load(file, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{file} is missing or corrupt ({type(e).__name__})") from None
+    if starts.ndim != 1 or len(starts) != manifest["documents"] + 1 or (len(starts) and starts[-1] != manifest["tokens"]):
+        raise DatasetError(f"{file} does not match the manifest's {manifest['documents']} documents of "
+                           f"{manifest['tokens']} tokens")
+    return starts
+
+
+def _open_shards(path: str, manifest: dict, dtype: np.dtype, files: list[str]) -> ShardedTokens:
     shards = []
-    for shard in manifest["shards"]:
-        file = os.path.join(path, shard["file"])
+    for shard, name in zip(manifest["shards"], files):
+        file = os.path.join(path, name)
         expected = shard["tokens"] * dtype.itemsize
         size = os.path.getsize(file) if os.path.isfile(file) else None
         if size != expected:
@@ -103,40 +133,49 @@ def file_sha256(path: str) -> str:
 
 
 class ShardWriter:
-    """Appends token arrays into shards of at most `shard_tokens` ids; a document may span two shards."""
+    """Appends token arrays into shards of at most `shard_tokens` ids; a document may span two shards. With
+    `loss_mask`, every write brings a mask of the same length, stored in shards of the same sizes."""
 
-    def __init__(self, out_dir: str, dtype: str, shard_tokens: int):
+    def __init__(self, out_dir: str, dtype: str, shard_tokens: int, loss_mask: bool = False):
         self.out_dir, self.dtype, self.shard_tokens = out_dir, np.dtype(dtype), shard_tokens
+        self.loss_mask = loss_mask
         self.shards: list[dict] = []
         self.doc_starts: list[np.ndarray] = [np.zeros(1, np.int64)]
         self.tokens = 0
-        self._file = None
+        self._files = None
         self._in_shard = 0
 
-    def write_documents(self, tokens: np.ndarray, doc_lengths: np.ndarray) -> None:
+    def write_documents(self, tokens: np.ndarray, doc_lengths: np.ndarray, mask: np.ndarray | None = None) -> None:
+        if (mask is not None) != self.loss_mask:
+            raise ValueError("a loss-mask dataset takes a mask with every write, any other none")
         self.doc_starts.append(self.tokens + np.cumsum(doc_lengths, dtype=np.int64))
-        tokens = tokens.astype(self.dtype, copy=False)
-        while len(tokens):
-            if self._file is None or self._in_shard == self.shard_tokens:
+        parts = [tokens.astype(self.dtype, copy=False)] + ([mask.astype(np.uint8, copy=False)] if self.loss_mask else [])
+        while len(parts[0]):
+            if self._files is None or self._in_shard == self.shard_tokens:
                 self._next_shard()
-            take = min(len(tokens), self.shard_tokens - self._in_shard)
-            self._file.write(tokens[:take].tobytes())
+            take = min(len(parts[0]), self.shard_tokens - self._in_shard)
+            for f, part in zip(self._files, parts):
+                f.write(part[:take].tobytes())
             self._in_shard += take
             self.tokens += take
-            tokens = tokens[take:]
+            parts = [part[take:] for part in parts]
+
+    def _names(self, index: int) -> list[str]:
+        return [shard_name(index)] + ([mask_name(index)] if self.loss_mask else [])
 
     def _next_shard(self) -> None:
         self._close_shard()
-        self._file = open(os.path.join(self.out_dir, shard_name(len(self.shards))), "wb")
+        self._files = [open(os.path.join(self.out_dir, name), "wb") for name in self._names(len(self.shards))]
         self._in_shard = 0
 
     def _close_shard(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        if self._files is not None:
+            for f in self._files:
+                f.close()
             name = shard_name(len(self.shards))
             self.shards.append({"file": name, "tokens": self._in_shard,
                                 "sha256": file_sha256(os.path.join(self.out_dir, name))})
-            self._file = None
+            self._files = None
 
     def finish(self, **manifest_fields) -> dict:
         """Close the last shard, write documents.npy and then manifest.json; return the manifest."""
@@ -144,7 +183,8 @@ class ShardWriter:
         starts = np.concatenate(self.doc_starts)
         np.save(os.path.join(self.out_dir, DOCUMENTS), starts)
         manifest = {"format": FORMAT, "version": VERSION, "tokens": self.tokens, "documents": len(starts) - 1,
-                    "dtype": self.dtype.name, **manifest_fields, "shards": self.shards}
+                    "dtype": self.dtype.name, **({"loss_mask": True} if self.loss_mask else {}),
+                    **manifest_fields, "shards": self.shards}
         with open(os.path.join(self.out_dir, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
         return manifest

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from framework import storage
 
 EOS_TOKEN = "<|endoftext|>"
 # End-of-text spellings of common tokenizers, tried in order when a tokenizer.json is given.
@@ -68,10 +69,14 @@ def parse_spec(spec: str) -> tuple[str, int | str | None]:
 
 
 def load_file(path: str) -> Tokenizer:
-    if not os.path.isfile(path):
+    """A tokenizer.json, or the one in a Hugging Face tokenizer dir, at a path or a URL (a checkpoint on
+    object storage)."""
+    if storage.isdir(path):
+        path = storage.join(path, TOKENIZER_FILE)
+    if not storage.isfile(path):
         raise TokenizerError(f"{path}: no such tokenizer file")
     try:
-        return Tokenizer.from_file(path)
+        return Tokenizer.from_str(storage.read_text(path))
     except Exception as e:
         raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({str(e).splitlines()[0][:120]})") from None
 
@@ -135,41 +140,63 @@ def vocab_size(tok: Tokenizer) -> int:
     return tok.get_vocab_size(with_added_tokens=True)
 
 
-BYTE_SOURCES = ("pydoc", "text")
+CONFIG_FILE = "tokenizer_config.json"
 
 
 def record_in(data_cfg, out_dir: str) -> None:
-    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary."""
+    """Copy the data's tokenizer.json into a checkpoint dir, so the weights never lose their vocabulary; chat
+    data's tokenizer_config.json (its chat template) goes beside it."""
     spec = data_cfg.get("tokenizer")
     if spec and spec != BYTES and os.path.isfile(spec):
-        shutil.copyfile(spec, os.path.join(out_dir, TOKENIZER_FILE))
+        with open(spec, "rb") as f:
+            storage.write_bytes(storage.join(out_dir, TOKENIZER_FILE), f.read())
+        config = os.path.join(os.path.dirname(os.path.abspath(spec)), CONFIG_FILE)
+        if os.path.isfile(config):
+            with open(config, "rb") as f:
+                storage.write_bytes(storage.join(out_dir, CONFIG_FILE), f.read())
+
+
+def chat_config_in(folder: str) -> dict:
+    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json) and the BOS token it
+    writes, as write_hf_files takes them; {} if none."""
+    config = storage.join(folder, CONFIG_FILE)
+    if not storage.isfile(config):
+        return {}
+    found = json.loads(storage.read_text(config))
+    template = found.get("chat_template")
+    if not isinstance(template, str) or not template:
+        return {}
+    return {"chat_template": template, **({"bos_token": found["bos_token"]} if found.get("bos_token") else {})}
 
 
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
     """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
     byte-level sources; None when the run never named one (a flat token file without data.tokenizer)."""
-    copied = os.path.join(step_dir, TOKENIZER_FILE)
-    if os.path.isfile(copied):
+    copied = storage.join(step_dir, TOKENIZER_FILE)
+    if storage.isfile(copied):
         return load_file(copied)
     return of_data(data_cfg)
 
 
 def of_data(data_cfg) -> Tokenizer | None:
     """The data's tokenizer: data.tokenizer, else bytes for the byte-level sources, else None."""
+    from framework.data.sources import source_named   # the sources' modules import this one
     spec = data_cfg.get("tokenizer")
-    if spec == BYTES or (spec is None and data_cfg.get("source") in BYTE_SOURCES):
+    if spec == BYTES or (spec is None and source_named(data_cfg.get("source")).byte_level):
         return byte_tokenizer()
     if spec and os.path.isfile(spec):
         return load_file(spec)
     return None
 
 
-def write_hf_files(tok: Tokenizer, out_dir: str) -> list[str]:
+def write_hf_files(tok: Tokenizer, out_dir: str, chat_template: str | None = None,
+                   bos_token: str | None = None) -> list[str]:
     """tokenizer.json plus the tokenizer_config.json that lets AutoTokenizer load it as a fast tokenizer, with
-    the tokenizer's own special tokens."""
+    the tokenizer's own special tokens (and its chat template, where it has one, with the BOS it writes)."""
     tok.save(os.path.join(out_dir, TOKENIZER_FILE))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special_tokens(tok), "model_max_length": 1_000_000,
-              "clean_up_tokenization_spaces": False}
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+              "clean_up_tokenization_spaces": False, **({"chat_template": chat_template} if chat_template else {}),
+              **({"bos_token": bos_token} if bos_token else {})}
+    with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
         json.dump(config, f, indent=2)
-    return [TOKENIZER_FILE, "tokenizer_config.json"]
+    return [TOKENIZER_FILE, CONFIG_FILE]

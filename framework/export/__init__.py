@@ -1,5 +1,7 @@
 """`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF safetensors + config.json,
-in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter)."""
+in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter). A LoRA run's
+checkpoint gives the base weights plus the adapter in PEFT's format (export/adapter.py), or with `merge` the
+merged weights."""
 from __future__ import annotations
 
 import glob
@@ -11,9 +13,11 @@ import tempfile
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint.manager import CONFIG, CheckpointError, read_meta
+from framework import storage
+from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
+from framework.export import adapter as adapters_
 from framework.export.read import READERS
 from framework.models import hf_files
 from framework.models.spec import spec_for
@@ -26,7 +30,7 @@ class ExportError(ValueError):
 def _model_spec(step_dir: str):
     """(spec, model config) of the checkpoint's model."""
     try:
-        cfg = OmegaConf.load(os.path.join(step_dir, CONFIG))
+        cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG)))
         model = OmegaConf.to_container(cfg.model, resolve=True)
     except Exception as e:
         raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
@@ -53,13 +57,30 @@ def _check_out_dir(out_dir: str, force: bool) -> None:
                           f"{hf_files.WEIGHTS} and {hf_files.CONFIG}")
 
 
-def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
+def newest_step_dir(path: str) -> str:
+    """`path` if it is a checkpoint step dir; if it is a checkpoint dir (checkpoint.dir), its newest complete one."""
+    if storage.isfile(storage.join(path, META)):
+        return path
+    found = complete_checkpoints(path)
+    return found[-1] if found else path
+
+
+def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False) -> dict:
     """Write out_dir/{model.safetensors, config.json} and the checkpoint's tokenizer (tokenizer.json,
-    tokenizer_config.json); return the HF config. Nothing is written on error."""
+    tokenizer_config.json, with the chat template the run trained with); a LoRA run's adapter goes to
+    out_dir/adapter/ unless `merge` folds it into the weights. Return the HF config. Nothing is written on
+    error. `step_dir` may be a path or a URL (s3://...)."""
     try:
         meta = read_meta(step_dir)
+        found = damage(step_dir)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
+    except OSError as e:     # a bucket that is not there, an endpoint that does not answer
+        raise ExportError(f"{step_dir}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if found is not None:
+        intact = newest_intact_beside(step_dir)
+        raise ExportError(f"refusing {step_dir}: {found}" +
+                          (f"; the newest intact checkpoint beside it is {intact}" if intact else ""))
     if meta.get("format") not in READERS:
         raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
                           f"export reads {' and '.join(READERS)}")
@@ -72,15 +93,28 @@ def export(step_dir: str, out_dir: str, force: bool = False) -> dict:
     except Exception as e:
         raise ExportError(f"{step_dir}: cannot read the {meta['format']} state ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    base, adapters = adapters_.split_state(state)
+    lora_cfg = OmegaConf.load(os.path.join(step_dir, CONFIG)).get("lora")
+    if merge and not adapters:
+        raise ExportError(f"{step_dir} holds no LoRA adapters to merge; export it without --merge")
     try:
-        tensors = spec.to_hf(state, model)
+        tensors = spec.to_hf(adapters_.merged(base, adapters, lora_cfg) if merge else base, model)
+        write_adapter = None
+        if adapters and not merge:
+            for module in sorted({n.rsplit(".", 1)[0] for n in adapters}):   # every name maps, before writing
+                try:
+                    adapters_._hf_module(spec, model, module, adapters[f"{module}.lora_B"].float())
+                except hf_files.LayoutError as e:
+                    raise hf_files.LayoutError(f"{e}, so its adapter has no PEFT layout; export with --merge") \
+                        from None
+            write_adapter = lambda folder: adapters_.write_adapter(folder, spec, model, adapters, lora_cfg)  # noqa: E731
     except hf_files.LayoutError as e:
         raise ExportError(f"{step_dir}: {e}") from None
     config = spec.hf_config(model)
     tok = _tokenizer(step_dir)
     if tok is not None:
         _fill_special_token_ids(config, tok)
-    _write(out_dir, tensors, config, tok)
+    _write(out_dir, tensors, config, tok, tokenizers_.chat_config_in(step_dir), write_adapter)
     return config
 
 
@@ -96,14 +130,15 @@ def _fill_special_token_ids(config: dict, tok) -> None:
 def _tokenizer(step_dir: str):
     """The checkpoint's tokenizer, to write beside the weights (None: the run recorded none)."""
     try:
-        data = OmegaConf.load(os.path.join(step_dir, CONFIG)).data
+        data = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).data
         return tokenizers_.of_checkpoint(step_dir, data)
     except tokenizers_.TokenizerError as e:
         raise ExportError(f"{step_dir}: {e}") from None
 
 
-def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
-    """Into a sibling temp dir first: a failed write leaves out_dir as it was."""
+def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat: dict | None = None, write_extra=None) -> None:
+    """Into a sibling temp dir first: a failed write leaves out_dir as it was. `write_extra(folder)` writes
+    more (the adapter) and returns the names it wrote."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
@@ -113,12 +148,17 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None) -> None:
             json.dump(config, f, indent=2)
         names = [hf_files.WEIGHTS, hf_files.CONFIG]
         if tok is not None:
-            names += tokenizers_.write_hf_files(tok, tmp)
+            names += tokenizers_.write_hf_files(tok, tmp, **(chat or {}))
+        if write_extra is not None:
+            names += write_extra(tmp)
         if not os.path.exists(out_dir):
             os.rename(tmp, out_dir)
             return
         for name in names:
-            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+            target = os.path.join(out_dir, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(tmp, name), target)
         # a sharded model's index would be read instead of the file just written
         for stale in glob.glob(os.path.join(out_dir, "model-*-of-*.safetensors")) + \
                 glob.glob(os.path.join(out_dir, hf_files.INDEX)):

@@ -9,8 +9,11 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from framework import storage
+from framework.checkpoint.dcp_state import reader as dcp_reader
 from framework.checkpoint.manager import STATE
 from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
 
@@ -19,9 +22,10 @@ MODEL_PREFIX = "model."
 
 
 def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
-    state_dir = os.path.join(step_dir, STATE)
+    """From a path or a URL (only the model's tensors are read: byte ranges of the state files)."""
+    state_dir = storage.join(step_dir, STATE)
     check_dcp_metadata(state_dir)
-    reader = dcp.FileSystemReader(state_dir)
+    reader = dcp_reader(state_dir)
     entries = reader.read_metadata().state_dict_metadata
     # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
     model = {key[len(MODEL_PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -30,11 +34,15 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     state = {"model": model}
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        try:
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
+            raise next(iter(e.failures.values()))[0] from None
     return {name: t.float() for name, t in state["model"].items()}
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:
+    step_dir = storage.local_copy(step_dir)     # DeepSpeed's own reader takes a local dir
     state_dir = os.path.join(step_dir, STATE)
     check_deepspeed_files(state_dir)
     if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):

@@ -1,7 +1,8 @@
-"""`python -m framework.k8s --kind trainjob|pytorchjob --image IMAGE --nodes N --gpus-per-node G [-m] [overrides]`
+"""`python -m framework.k8s --kind trainjob|pytorchjob|rayjob --image IMAGE --nodes N --gpus-per-node G [-m] [overrides]`
 
 Composes and validates the config exactly as `python -m framework OVERRIDES` would, for a world of
 N x processes-per-node, and prints the manifests that run it (one ConfigMap + job per sweep point with -m).
+A RayJob's nodes are its worker group's pods (the head runs the driver); its config says launcher.engine=ray.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from framework.errors import ConfigError
 from framework.config.paths import CONFIG_DIR
 from framework.config_store import register_configs
 from framework.config.validate import validate
-from framework.k8s.manifests import KINDS, JobSpec, config_map, rfc1035
+from framework.k8s.manifests import KIND_OVERRIDES, KINDS, JobSpec, config_map, rfc1035
 from framework.strategies.registry import strategy_class
 
 PASSED_THROUGH = ("NCCL_",)     # the cluster's network tuning travels with the job
@@ -61,11 +62,13 @@ def sweep_points(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 
 def manifests_for(args: argparse.Namespace, overrides: list[str], name: str, compose_fn) -> list[dict]:
-    cfg = compose_fn(overrides)
     if args.nodes <= 0:
         raise ConfigError("--nodes", f"must be positive, got {args.nodes}")
+    cfg = compose_fn(overrides)
     cls = strategy_class(cfg.parallel.name)
     procs = args.gpus_per_node or cfg.launcher.nproc_per_node or max(1, cls.workers_wanted(cfg) // args.nodes)
+    if args.kind in KIND_OVERRIDES:
+        cfg = compose_fn([*overrides, *KIND_OVERRIDES[args.kind](args.nodes, procs)])
     validate(cfg, args.nodes * procs, cls)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_THROUGH)}
     spec = JobSpec(name, args.image, args.nodes, procs, args.gpus_per_node, rfc1035(args.volume_claim, 253),

@@ -1,13 +1,17 @@
-"""Kubeflow manifests for one resolved config: a ConfigMap holding it, and a TrainJob (Kubeflow Trainer v2)
-or a PyTorchJob (training operator v1) whose pods run `python -m framework` on it.
+"""Kubernetes manifests for one resolved config: a ConfigMap holding it, and a TrainJob (Kubeflow Trainer v2)
+or a PyTorchJob (training operator v1) whose pods run `python -m framework` on it, or a KubeRay RayJob whose
+entrypoint runs it with launcher.engine=ray on the Ray cluster the RayJob brings up.
 
-Every pod runs the same command; the operator's env (PET_* / RANK) tells the nodes apart and
-framework.cluster.env turns it into a rendezvous. The run dir (with its checkpoints) lives on a volume
-the user names, so a restarted pod resumes with checkpoint.resume=auto.
+Kubeflow: every pod runs the same command; the operator's env (PET_* / RANK) tells the nodes apart and
+framework.cluster.env turns it into a rendezvous. RayJob: the entrypoint runs once, on the head (the driver),
+and Ray places the workers on the worker group's pods. The run dir (with its checkpoints, unless
+checkpoint.dir names a bucket) lives on a volume the user names, mounted on every pod, so a restarted job
+resumes with checkpoint.resume=auto.
 """
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 CONFIG_DIR = "/etc/framework"
@@ -100,4 +104,29 @@ def pytorch_job(spec: JobSpec) -> dict:
             "spec": {"nprocPerNode": str(spec.procs_per_node), "pytorchReplicaSpecs": specs}}
 
 
-KINDS = {"trainjob": train_job, "pytorchjob": pytorch_job}
+RAY_HEAD, RAY_WORKER, RAY_WORKERS = "ray-head", "ray-worker", "workers"
+
+
+def ray_job(spec: JobSpec) -> dict:
+    def pod(container: str, resources: dict | None) -> dict:
+        main = {"name": container, "image": spec.image, "volumeMounts": spec.volume_mounts()}
+        if spec.env:
+            main["env"] = spec.env_list()
+        if resources:
+            main["resources"] = resources
+        return {"spec": {"containers": [main], "volumes": spec.volumes()}}
+    # The head runs the driver and Ray's controller, not training workers (num-cpus 0); each worker pod holds
+    # procs_per_node of them: its GPUs, or that many CPUs.
+    workers = {"groupName": RAY_WORKERS, "replicas": spec.nodes, "minReplicas": spec.nodes,
+               "maxReplicas": spec.nodes, "rayStartParams": {} if spec.gpus_per_node else
+               {"num-cpus": str(spec.procs_per_node)}, "template": pod(RAY_WORKER, spec.resources())}
+    cluster = {"headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": pod(RAY_HEAD, None)},
+               "workerGroupSpecs": [workers]}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": spec.name},
+            "spec": {"entrypoint": shlex.join(spec.command()), "shutdownAfterJobFinishes": True,
+                     "rayClusterSpec": cluster}}
+
+
+KINDS = {"trainjob": train_job, "pytorchjob": pytorch_job, "rayjob": ray_job}
+#: what each kind adds to the config: a RayJob's entrypoint runs the job as one Ray Train run of every worker
+KIND_OVERRIDES = {"rayjob": lambda nodes, procs: ["launcher.engine=ray", f"launcher.nproc_per_node={nodes * procs}"]}

@@ -1,24 +1,23 @@
-"""metrics.jsonl, TensorBoard events and the progress bar; active on the main rank only."""
+"""metrics.jsonl (every record, always), the experiment trackers of logging.trackers and the progress bar;
+active on the main rank only."""
 from __future__ import annotations
 
 import json
 import os
 
+from framework.metrics.trackers import Trackers
+
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int,
-                 initial_step: int = 0):
+    def __init__(self, cfg, run_dir: str, enabled: bool, total_steps: int, initial_step: int = 0):
         self.enabled = enabled
-        self.writer = None
         self.bar = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
         self.file = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-        if progress_bar:
+        self.trackers = Trackers(cfg, run_dir)
+        if cfg.trainer.progress_bar:
             from tqdm import tqdm
             self.bar = tqdm(total=total_steps, initial=initial_step, desc="train", dynamic_ncols=True)
 
@@ -26,12 +25,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         self.file.write(json.dumps(record) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, record["step"])
-                elif isinstance(value, str):
-                    self.writer.add_text(key, value, record["step"])
+        self.trackers.log(record)
         for key, value in record.items():
             if isinstance(value, str):
                 print(f"step {record['step']} {key}: {value!r}", flush=True)
@@ -39,18 +33,21 @@ class MetricsLogger:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                                  tok_s=f"{record['tokens_per_sec']:.0f}", refresh=False)
 
+    def log_summary(self, summary: dict) -> None:
+        if self.enabled:
+            self.trackers.log_summary(summary)
+
     def advance(self) -> None:
         if self.bar is not None:
             self.bar.update(1)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         if not self.enabled:
             return
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
         self.file.close()
+        self.trackers.close(finished)
 
 
 def truncate_metrics(run_dir: str, after_step: int) -> None:

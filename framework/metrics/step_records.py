@@ -1,10 +1,16 @@
 """metrics.jsonl's records, one per logged step: `start` gathers what the step produced (loss, lr,
-grad_norm), the peak memory since the last record, the strategy's own numbers and any extras; `write`
-adds the interval's timing, tokens/s and MFU and logs it; `print_summary` ends the run (rank 0) with the
-lines of framework/metrics/summary.py over the records this run wrote. Peak memory restarts after each record and
-after each checkpoint save (staging is not a training step's memory)."""
+grad_norm), the peak memory since the last record, the strategy's own numbers, every rank's GPU health
+(framework/metrics/gpu_health.py) and any extras; `write` adds the interval's timing, tokens/s and MFU and
+logs it; `finish` ends the run (rank 0) with the lines of framework/metrics/summary.py over the records
+this run wrote, which the trackers keep too. Peak memory restarts after each record and after each
+checkpoint save (staging is not a training step's memory). tokens/s counts the tokens of the interval's
+steps, whose global batches differ during a batch-size ramp (framework/data/ramp.py)."""
 from __future__ import annotations
 
+import sys
+
+from framework.data.ramp import BatchSizes
+from framework.metrics.gpu_health import GpuHealth
 from framework.metrics.logger import MetricsLogger
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
@@ -12,29 +18,41 @@ from framework.metrics.summary import run_summary
 
 
 class StepRecords:
-    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int):
-        t = cfg.trainer
+    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int,
+                 batch_sizes: BatchSizes, on_record=None):
+        self.on_record = on_record
         self.cfg, self.strategy, self.run_dir, self.first_step = cfg, strategy, run_dir, initial_step
-        self.tokens_per_step = t.global_batch_size * cfg.data.seq_len
+        self.sizes, self.seq_len = batch_sizes, cfg.data.seq_len
+        self.last_logged = initial_step
         self.flops_per_token = flops_per_token
         self.peak = peak_flops(strategy.device, cfg.logging, cfg.precision)
         self.memory = IntervalPeakMemory(strategy.device)
         self.memory.reset()
-        self.logger = MetricsLogger(run_dir, strategy.is_main, cfg.logging.tensorboard, t.progress_bar, t.max_steps,
-                                    initial_step=initial_step)
+        self.health = GpuHealth(strategy.device, strategy.local_rank, cfg.logging.gpu_health)
+        self.logger = MetricsLogger(cfg, run_dir, strategy.is_main, cfg.trainer.max_steps, initial_step=initial_step)
+        self.finished = False
+
+    def tokens(self, after_step: int, to_step: int) -> int:
+        """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive)."""
+        return (self.sizes.offset(to_step) - self.sizes.offset(after_step)) * self.seq_len
 
     def start(self, step: int, loss: float, lr: float, grad_norm: float, *extras: dict) -> dict:
         s = self.strategy
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
-                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics()}
+                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics(), **self.health.read()}
         for extra in extras:
             record.update(extra)
         return record
 
     def write(self, record: dict, timing: dict) -> None:
-        tokens_per_sec = self.tokens_per_step / timing["step_time"]
-        self.logger.log({**record, **timing, "tokens_per_sec": tokens_per_sec,
-                         "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)})
+        steps = record["step"] - self.last_logged
+        tokens_per_sec = self.tokens(self.last_logged, record["step"]) / (timing["step_time"] * steps)
+        self.last_logged = record["step"]
+        full = {**record, **timing, "tokens_per_sec": tokens_per_sec,
+                "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)}
+        self.logger.log(full)
+        if self.on_record is not None:
+            self.on_record(full)
         self.memory.reset()
 
     def saved(self) -> None:
@@ -43,9 +61,15 @@ class StepRecords:
     def advance(self) -> None:
         self.logger.advance()
 
-    def close(self) -> None:
-        self.logger.close()
-
-    def print_summary(self, wall_seconds: float, last_step: int, totals: dict) -> None:
+    def finish(self, wall_seconds: float, last_step: int, totals: dict) -> None:
+        """The run reached its last step: print the summary (rank 0) and hand it to the trackers."""
         if self.strategy.is_main:
-            print(run_summary(self.cfg, self.run_dir, wall_seconds, self.first_step, last_step, totals), flush=True)
+            text, values = run_summary(self.cfg, self.run_dir, wall_seconds, self.first_step, last_step,
+                                       {**totals, "tokens": self.tokens(self.first_step, last_step)})
+            print(text, flush=True)
+            self.logger.log_summary(values)
+        self.finished = True
+
+    def close(self) -> None:
+        """Called from the trainer's `finally`; a run that did not finish marks its tracker runs stopped."""
+        self.logger.close(finished=self.finished and sys.exc_info()[1] is None)

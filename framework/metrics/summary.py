@@ -30,39 +30,49 @@ def _user_overrides(run_dir: str) -> list[str]:
         return [o for o in yaml.safe_load(f) or [] if not o.startswith(_REPLACED)]
 
 
-def training_line(totals: dict, tokens_per_step: int) -> str:
-    """tokens/s of all the loop's training steps together (LogInterval.totals()), beside the parts of
-    the loop that are not training steps, to compare with the records' median at a glance (they part
-    where some intervals are slower: the first steps, profiled steps)."""
-    rate = tokens_per_step * totals["steps"] / max(totals["train_time"], 1e-9)
+def training_line(totals: dict) -> str:
+    """tokens/s of all the loop's training steps together (LogInterval.totals() and the tokens they took),
+    beside the parts of the loop that are not training steps, to compare with the records' median at a glance
+    (they part where some intervals are slower: the first steps, profiled steps)."""
+    rate = totals["tokens"] / max(totals["train_time"], 1e-9)
     return (f"  {rate:,.0f} tokens/s over all {totals['steps']} steps: {totals['train_time']:.2f} s training in a "
             f"{totals['loop_time']:.2f} s loop (eval {totals['eval_time']:.2f} s, saves {totals['save_time']:.2f} s, "
             f"compile {totals['compile_time']:.2f} s, profiler {totals['profile_time']:.2f} s)")
 
 
-def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_step: int, totals: dict) -> str:
+def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_step: int,
+                totals: dict) -> tuple[str, dict]:
+    """(the lines printed, the values the trackers keep: final numbers, checkpoint, export command)."""
     records = _records(run_dir, first_step)
     losses = [r for r in records if "loss" in r]
     vals = [r for r in records if "val_loss" in r]
+    values = {"steps": last_step - first_step, "last_step": last_step, "wall_seconds": round(wall_seconds, 1),
+              "run_dir": os.path.abspath(run_dir)}
     lines = [f"done: {last_step - first_step} steps (to step {last_step} of {cfg.trainer.max_steps}) "
              f"in {wall_seconds:.1f} s"]
     if losses:
+        values.update(loss=losses[-1]["loss"], tokens_per_sec=statistics.median(r["tokens_per_sec"] for r in losses),
+                      mfu=statistics.median(r["mfu"] for r in losses))
+        if vals:
+            values["val_loss"] = vals[-1]["val_loss"]
         lines.append(f"  loss {losses[-1]['loss']:.4f}" + (f", val_loss {vals[-1]['val_loss']:.4f}" if vals else "")
-                     + f", {statistics.median(r['tokens_per_sec'] for r in losses):,.0f} tokens/s"
-                     + f", MFU {100 * statistics.median(r['mfu'] for r in losses):.2f}% (medians of logged steps)")
+                     + f", {values['tokens_per_sec']:,.0f} tokens/s"
+                     + f", MFU {100 * values['mfu']:.2f}% (medians of logged steps)")
     if totals["steps"]:
-        lines.append(training_line(totals, cfg.trainer.global_batch_size * cfg.data.seq_len))
+        lines.append(training_line(totals))
     lines.append(f"  run dir     {run_dir}")
     found = complete_checkpoints(checkpoint_dir(cfg, run_dir)) if cfg.checkpoint.enabled else []
     if found:
         ckpt = found[-1]
         rerun = shlex.join(["python", "-m", "framework", *_user_overrides(run_dir)])
         more = "" if last_step < cfg.trainer.max_steps else f" trainer.max_steps=<more than {last_step}>"
+        export = os.path.join(run_dir, "hf")
+        values.update(checkpoint=os.path.abspath(ckpt), export_path=os.path.abspath(export),
+                      export_command=f"python -m framework.export {shlex.quote(ckpt)} {shlex.quote(export)}")
         lines += [f"  checkpoint  {ckpt}",
                   f"  resume:     {rerun} hydra.run.dir={shlex.quote(run_dir)} "
                   f"checkpoint.resume={shlex.quote(ckpt)}{more}",
-                  f"  export:     python -m framework.export {shlex.quote(ckpt)} "
-                  f"{shlex.quote(os.path.join(run_dir, 'hf'))}"]
-    if cfg.logging.tensorboard:
+                  f"  export:     {values['export_command']}"]
+    if "tensorboard" in cfg.logging.trackers:
         lines.append(f"  tensorboard --logdir {shlex.quote(os.path.join(run_dir, 'tensorboard'))}")
-    return "\n".join(lines)
+    return "\n".join(lines), values

@@ -31,6 +31,7 @@ class NativeDecoderSpec(ModelSpec):
     init_by_name = True
     supports_pipeline = True
     context_parallel = True
+    takes_documents = True
     has_hf_layout = True
     args_class: type                 # a dataclass: n_layers, init_std, num_params(), flops_per_token(seq_len)
     block_class: type
@@ -109,6 +110,11 @@ class NativeDecoderSpec(ModelSpec):
 
     def to_hf(self, state, model_cfg):
         return self.adapter.to_hf(state, self.args(model_cfg))
+
+    def hf_linear(self, name, rows, model_cfg):
+        if not hasattr(self.adapter, "linear_to_hf"):
+            return super().hf_linear(name, rows, model_cfg)
+        return self.adapter.linear_to_hf(name, rows, self.args(model_cfg))
 
     def hf_mismatches(self, hf_config, model_cfg):
         return self.adapter.config_mismatches(hf_config, self.args(model_cfg))

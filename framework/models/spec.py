@@ -48,6 +48,9 @@ class ModelSpec:
     #: True where the model takes its token positions from framework.models.positions and attends through
     #: causal scaled_dot_product_attention: context parallelism can then split its sequences
     context_parallel = False
+    #: True where forward(tokens, documents) keeps attention within packed documents and restarts their
+    #: positions (framework.models.documents): data.document_mask can then pack them
+    takes_documents = False
 
     def config_schema(self) -> Optional[type]:
         """The dataclass that types `model.*` (stored as schema/model/<name> for the yaml files)."""
@@ -102,6 +105,8 @@ class ModelSpec:
     supports_pipeline = False
     #: MoE layers whose experts parallel.ep may shard (framework/parallel/expert_parallel.py)
     has_experts = False
+    #: names (or dotted suffixes) of the blocks' linears precision=float8 leaves in high precision
+    float8_kept: tuple[str, ...] = ()
 
     def num_layers(self, model_cfg) -> int:
         """How many repeated blocks a pipeline splits (only asked where supports_pipeline)."""
@@ -135,6 +140,10 @@ class ModelSpec:
         own = getattr(model, "block_classes", None)
         return tuple(own()) if callable(own) else ()
 
+    def lora_skip(self) -> tuple[str, ...]:
+        """Regular expressions of the block linears LoRA leaves alone (an MoE router)."""
+        return ()
+
     def has_blocks(self, model_cfg) -> bool:
         """Whether block_classes is known before the model is built (validation)."""
         return callable(getattr(get_class(model_dict(model_cfg)["_target_"]), "block_classes", None))
@@ -163,6 +172,13 @@ class ModelSpec:
         ranks x 2 virtual stages): the combination matrix crosses it with every option. [] where the family
         has none (a model the framework knows nothing about). May write a file it needs into scratch_dir."""
         return []
+
+    # ---- training -----------------------------------------------------------------------------
+    def batch_statistics(self, model_cfg):
+        """None, or what a model whose training loss reads statistics of the whole global batch gathers them
+        with: an object whose `gathering(device)` context the strategy runs a forward of each of the step's
+        micro-batches in, without gradient, on every rank, before the step's training forwards."""
+        return None
 
     # ---- metrics ------------------------------------------------------------------------------
     def step_metrics(self, model: nn.Module) -> dict:
@@ -209,6 +225,12 @@ class ModelSpec:
         """A full fp32 state dict in our names -> HF names and layout (contiguous, for save_file)."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
 
+    def hf_linear(self, name: str, rows: torch.Tensor, model_cfg) -> tuple[str, torch.Tensor]:
+        """One linear's weight (or a tensor shaped like its rows: a LoRA B) -> (its HF weight name, the rows in
+        HF's order); raises hf_files.LayoutError where the linear has no HF linear of its own."""
+        from framework.models.hf_files import LayoutError
+        raise LayoutError(f"{name} has no Hugging Face linear of its own (model spec {self.name})")
+
     def hf_mismatches(self, hf_config: dict, model_cfg) -> list[tuple[str, str, Any, Any]]:
         """(config.json key, model key, theirs, ours) for each shape-relevant difference."""
         raise NotImplementedError(f"{self.name} models have no Hugging Face layout")
@@ -244,11 +266,12 @@ def spec_for_hf(hf_config: dict) -> ModelSpec:
 
 
 def spec_for(model_cfg) -> ModelSpec:
-    """The spec whose model class is `model._target_` or one of its bases; GENERIC if none is."""
+    """The spec whose model class is `model._target_` or its nearest base (a variant's own spec before
+    its base family's: MoETransformer is a Llama); GENERIC if none is."""
     cls = get_class(model_dict(model_cfg)["_target_"])
-    for name in SPECS:
-        spec = spec_named(name)
-        own = spec.model_class()
-        if own is not None and isinstance(cls, type) and issubclass(cls, own):
-            return spec
-    return GENERIC
+    if not isinstance(cls, type):
+        return GENERIC
+    mro = cls.__mro__
+    found = [(mro.index(own), spec) for spec in map(spec_named, SPECS)
+             if (own := spec.model_class()) is not None and own in mro]
+    return min(found, key=lambda pair: pair[0])[1] if found else GENERIC

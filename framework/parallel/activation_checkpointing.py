@@ -7,12 +7,17 @@ attention are kept, everything else (norms, activations, rotary, residual adds) 
 save_every_nth_matmul=2 keeps only every other matmul's output (torchtitan's op-level policy): less
 memory for a second forward of half the matmuls.
 
+The recompute inside backward runs under the torch-function modes the forward ran under (context
+parallelism's attention is one): torch's checkpoint re-enters only a device context itself, and a
+recompute that took another path would save other tensors than the forward did.
+
 The block's own `forward` is replaced on the instance instead of wrapping the block in another
 module, so parameter and state-dict names stay exactly those of the plain model (checkpoints load
 either way). Apply before FSDP: its hooks run around the module call, the recomputation inside it.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Iterable
 
@@ -51,14 +56,34 @@ def _keep_matmuls(every: int, attention: bool):
     return policy
 
 
+def _forward_function_modes() -> list:
+    """The torch-function modes active now, but torch's own device context (checkpoint re-enters that one)."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+    return [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
+
+
+@contextlib.contextmanager
+def _within(context, modes: list):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(context)
+        for mode in modes:
+            stack.enter_context(mode)
+        yield
+
+
 def _checkpointed_forward(forward, make_policy):
-    context_fn = (lambda: create_selective_checkpoint_contexts(make_policy())) if make_policy else None
+    def contexts(modes):
+        forward_ctx, recompute_ctx = (create_selective_checkpoint_contexts(make_policy()) if make_policy
+                                      else (contextlib.nullcontext(), contextlib.nullcontext()))
+        return forward_ctx, _within(recompute_ctx, modes)
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        extra = {"context_fn": context_fn} if context_fn else {}
+        modes = _forward_function_modes()
+        extra = {"context_fn": functools.partial(contexts, modes)} if make_policy or modes else {}
         return checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
     return run
 

@@ -12,7 +12,7 @@ DeepSpeed JSON read the same numbers from it. A rule it breaks is one ConfigErro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from framework.errors import ConfigError
 from framework.parallel.pipeline import min_microbatches
@@ -40,6 +40,24 @@ class BatchLayout:
     def accumulation(self) -> int:
         """Forward passes per optimizer step on one rank (with a pipeline: its micro-batches)."""
         return self.per_rank // self.forward_batch
+
+    def with_global(self, global_batch: int) -> "BatchLayout":
+        """The same forward passes over another global batch (a step of a batch-size ramp): more or fewer
+        of them. The caller makes sure that a rank's share divides into them (config/batch_changes.py)."""
+        if self.pp > 1:
+            return replace(self, global_batch=global_batch,
+                           pipeline_microbatches=global_batch // self.dp // self.forward_batch)
+        return replace(self, global_batch=global_batch)
+
+    def halved(self) -> "BatchLayout | None":
+        """Forward passes of at most half as many sequences (the largest divisor of the forward batch that
+        is, so that every share the forward batch divides, it divides too), or None at one sequence."""
+        smaller = next((n for n in range(self.forward_batch // 2, 0, -1) if self.forward_batch % n == 0), None)
+        if smaller is None:
+            return None
+        if self.pp > 1:
+            return replace(self, micro_batch=smaller, pipeline_microbatches=self.per_rank // smaller)
+        return replace(self, micro_batch=smaller)
 
 
 def batch_layout(cfg, dp: int, pp: int = 1) -> BatchLayout:

@@ -53,15 +53,24 @@ def unshard(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
     return joined.index_select(dim, order)
 
 
-def chunked_causal_attention(q, k, v, q_positions: torch.Tensor, chunk: int, **kwargs) -> torch.Tensor:
-    """Causal attention of queries (batch, heads, seq, dim) at q_positions, which run in whole chunks of
-    `chunk` consecutive positions, over keys/values of the whole sequence in position order."""
+def causal_biases(q_positions: torch.Tensor, chunk: int) -> list:
+    """For each query chunk of `chunk` consecutive positions, torch's lower-right causal bias over the keys
+    up to the chunk's end. Made before a step, not inside it: a tensor subclass cannot be created under
+    selective checkpointing's dispatch mode."""
     from torch.nn.attention.bias import causal_lower_right   # imports torch._dynamo (~1 s): not for a config refused before work
+    return [causal_lower_right(chunk, int(q_positions[i]) + chunk) for i in range(0, len(q_positions), chunk)]
+
+
+def chunked_causal_attention(q, k, v, q_positions: torch.Tensor, chunk: int, biases: list | None = None,
+                             **kwargs) -> torch.Tensor:
+    """Causal attention of queries (batch, heads, seq, dim) at q_positions, which run in whole chunks of
+    `chunk` consecutive positions, over keys/values of the whole sequence in position order (`biases`:
+    causal_biases of the same positions, made once)."""
+    biases = causal_biases(q_positions, chunk) if biases is None else biases
     outs = []
-    for i, part in enumerate(q.split(chunk, dim=2)):
-        end = int(q_positions[i * chunk]) + part.shape[2]
-        outs.append(F.scaled_dot_product_attention(part, k[:, :, :end], v[:, :, :end],
-                                                   attn_mask=causal_lower_right(part.shape[2], end), **kwargs))
+    for part, bias in zip(q.split(chunk, dim=2), biases):
+        end = bias.seq_len_kv
+        outs.append(F.scaled_dot_product_attention(part, k[:, :, :end], v[:, :, :end], attn_mask=bias, **kwargs))
     return torch.cat(outs, dim=2)
 
 
@@ -95,6 +104,7 @@ class GatheredAttention(TorchFunctionMode):
         super().__init__()
         self.gather, self.positions, self.chunk = gather, positions, chunk
         self.order = torch.argsort(all_positions)
+        self.biases = causal_biases(positions, chunk)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -106,7 +116,7 @@ class GatheredAttention(TorchFunctionMode):
         kwargs.pop("is_causal")
         order = self.order.to(q.device)
         k, v = (self.gather(t).index_select(2, order) for t in (k, v))
-        return chunked_causal_attention(q, k, v, self.positions, self.chunk, **kwargs)
+        return chunked_causal_attention(q, k, v, self.positions, self.chunk, self.biases, **kwargs)
 
 
 class ContextParallel:
@@ -136,6 +146,9 @@ def check_context_parallel(cfg, cp: int, tp: int) -> None:
         raise ConfigError("parallel.cp", f"must be a positive degree, got {cp}")
     if cp == 1:
         return
+    if cfg.data.document_mask:
+        raise ConfigError("data.document_mask", f"parallel.cp={cp} does not split document-masked attention yet; "
+                                                f"set one of them off")
     seq_len = cfg.data.seq_len
     if cfg.trainer.sample_every:
         raise ConfigError("trainer.sample_every", f"a text sample reads the logits of one position, which "

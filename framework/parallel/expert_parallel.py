@@ -11,7 +11,10 @@ them out (each rank holds its experts whole). Dispatch, per layer, after the rou
   3. the inverse permutation and all-to-all back, in the router's order.
 Both all-to-alls are autograd functions whose backward is the reverse exchange. An expert's gradient
 sums the losses of every rank that sent it tokens; dividing it by the data-parallel degree gives the
-data-parallel mean that FSDP gives the other parameters.
+data-parallel mean that FSDP gives the other parameters. Under context parallelism each cp rank of a data
+rank holds a copy of the same experts and routes its own share of the sequences: each micro-batch's
+expert gradient is then also summed over the cp group (and divided by cp), as FSDP averages the others
+over dp x cp.
 """
 from __future__ import annotations
 
@@ -39,23 +42,30 @@ class _AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
-class _ScaleGrad(torch.autograd.Function):
+class _ExpertGrad(torch.autograd.Function):
+    """Identity; the backward scales the gradient by `factor` after summing it over `replicas` (if any)."""
+
     @staticmethod
-    def forward(ctx, x, factor: float):
-        ctx.factor = factor
+    def forward(ctx, x, factor: float, replicas):
+        ctx.factor, ctx.replicas = factor, replicas
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * ctx.factor, None
+        if ctx.replicas is not None:
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=ctx.replicas)
+        return grad * ctx.factor, None, None
 
 
 class AllToAllDispatcher:
     """Called by an MoE layer as dispatcher(rows sorted by expert, counts (E,), experts module)."""
 
-    def __init__(self, mesh: DeviceMesh):
+    def __init__(self, mesh: DeviceMesh, replicas: DeviceMesh | None = None):
         self.group = mesh.get_group()
         self.size = mesh.size()
+        self.replicas = replicas.get_group() if replicas is not None and replicas.size() > 1 else None
+        self.copies = replicas.size() if self.replicas is not None else 1
 
     def __call__(self, routed: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
         ranks = self.size
@@ -72,8 +82,8 @@ class AllToAllDispatcher:
         chunk_order = torch.arange(ranks * mine).view(ranks, mine).t().flatten().tolist()
         chunks = rows.split(chunk_sizes)
         by_expert = torch.cat([chunks[i] for i in chunk_order]) if chunks else rows
-        scale = 1.0 / ranks
-        weights = [_ScaleGrad.apply(w.to_local(), scale) for w in (experts.w1, experts.w3, experts.w2)]
+        scale = 1.0 / (ranks * self.copies)
+        weights = [_ExpertGrad.apply(w.to_local(), scale, self.replicas) for w in (experts.w1, experts.w3, experts.w2)]
         out = expert_swiglu(by_expert, recv_counts.sum(0), *weights, experts.compute)
         back_chunks = out.split([chunk_sizes[i] for i in chunk_order])
         inverse = [0] * len(chunk_order)
@@ -88,9 +98,10 @@ def expert_layers(module: nn.Module) -> list[nn.Module]:
     return [m for m in module.modules() if hasattr(m, "dispatcher") and hasattr(m, "experts")]
 
 
-def apply_expert_parallel(module: nn.Module, mesh: DeviceMesh) -> set[nn.Parameter]:
-    """Shard every MoE layer's experts over `mesh` (dim 0) and route its tokens by all-to-all; returns the
-    expert parameters, which FSDP must leave alone."""
+def apply_expert_parallel(module: nn.Module, mesh: DeviceMesh, replicas: DeviceMesh | None = None) -> set[nn.Parameter]:
+    """Shard every MoE layer's experts over `mesh` (dim 0) and route its tokens by all-to-all (`replicas`:
+    the ranks holding copies of the same shard, the cp group); returns the expert parameters, which FSDP
+    must leave alone."""
     sharded: set[nn.Parameter] = set()
     for layer in expert_layers(module):
         experts = layer.experts
@@ -100,5 +111,5 @@ def apply_expert_parallel(module: nn.Module, mesh: DeviceMesh) -> set[nn.Paramet
                                   requires_grad=param.requires_grad)
             setattr(experts, name, dparam)
             sharded.add(dparam)
-        layer.dispatcher = AllToAllDispatcher(mesh)
+        layer.dispatcher = AllToAllDispatcher(mesh, replicas)
     return sharded

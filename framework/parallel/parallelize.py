@@ -56,11 +56,11 @@ def parallelize(model_factory: ModelFactory, meshes: Meshes, cfg, device: torch.
                           block_classes=list(sharding.wrap_classes) or spec.block_classes(module))
 
     for module in modules:
-        convert_float8(module, cfg.precision, spec.block_classes(module), fsdp=sharding.enabled)
+        convert_float8(module, cfg.precision, spec, fsdp=sharding.enabled)
         if meshes.tp.size() > 1:
             apply_tensor_parallel(module, meshes.tp, spec.tensor_parallel_plan(module, cfg.parallel.sequence_parallel))
             retie(module, spec.tied_parameters(cfg.model))
-        experts = apply_expert_parallel(module, meshes.dp) if cfg.parallel.ep > 1 else set()
+        experts = apply_expert_parallel(module, meshes.dp, meshes.cp) if cfg.parallel.ep > 1 else set()
         checkpoint_compile_wrap(module, cfg, spec, lambda m: shard(m, experts))
         if on_meta:
             # Offloaded shards live in CPU memory; FSDP2 moves them to the device per use.

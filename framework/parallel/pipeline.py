@@ -7,6 +7,7 @@ DualPipeV) give rank r the stages r and 2pp - 1 - r, so rank 0 holds both the fi
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Callable
 
 from framework.errors import ConfigError
@@ -81,14 +82,46 @@ def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatc
                                                           f"{rounds} rounds; use a multiple of {pp}")
 
 
+@functools.cache
+def _stage_class() -> type:
+    """torch's PipelineStage, its shape-inference forward marked as one (models count nothing of it)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from framework.models.shape_inference import inferring_shapes
+
+    class Stage(PipelineStage):
+        def _forward_metadata_inference(self, *args, **kwargs):
+            with inferring_shapes():
+                return super()._forward_metadata_inference(*args, **kwargs)
+    return Stage
+
+
+def _documents_along(module: nn.Module, last: bool) -> nn.Module:
+    """The stage module taking (activations, packed documents' numbers), which every stage but the last hands
+    on beside its output, so each stage's attention keeps to the documents."""
+    from torch import nn
+
+    class DocumentsAlong(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stage = module
+
+        def forward(self, x, documents):
+            out = self.stage(x, documents)
+            return out if last else (out, documents)
+    return DocumentsAlong()
+
+
 def build_schedule(name: str, modules: list[nn.Module], ids: list[int], num_stages: int, microbatches: int,
-                   loss_fn: Callable, group: ProcessGroup, device: torch.device):
-    """PipelineStages for this rank's stage modules and the schedule that drives them.
+                   loss_fn: Callable, group: ProcessGroup, device: torch.device, documents: bool = False):
+    """PipelineStages for this rank's stage modules and the schedule that drives them; with `documents` the
+    first stage takes (tokens, documents) and each stage passes the documents on.
 
     Loss is the per-micro-batch mean; the schedule scales gradients by 1/microbatches so they are
     those of the mean over the rank's whole batch."""
-    from torch.distributed.pipelining import PipelineStage
-    stages = [PipelineStage(m, i, num_stages, device, group=group) for m, i in zip(modules, ids)]
+    if documents:
+        modules = [_documents_along(m, i == num_stages - 1) for m, i in zip(modules, ids)]
+    stages = [_stage_class()(m, i, num_stages, device, group=group) for m, i in zip(modules, ids)]
     cls = schedule_class(name)
     if canonical_name(name) in SINGLE_STAGE:
         return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)

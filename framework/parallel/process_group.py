@@ -33,15 +33,20 @@ def _agent_store(timeout: timedelta) -> dist.Store | None:
     return dist.PrefixStore(attempt_namespace(), store)
 
 
-def init_default_group(backend: str, device: torch.device, timeout_s: float) -> None:
-    """init_process_group from the launcher's environment, with a per-attempt store and a timeout."""
+def default_timeouts(timeout_s: float) -> timedelta:
+    """Groups made later (DeviceMesh dims, DeepSpeed's, our async-save group) take the backend's module-level
+    default, not the world group's timeout: make that default ours too."""
     timeout = timedelta(seconds=timeout_s)
-    # Groups made later (DeviceMesh dims, DeepSpeed's, our async-save group) take the backend's
-    # module-level default, not the world group's timeout: make that default ours too.
     c10d = dist.distributed_c10d
     c10d.default_pg_timeout = timeout
     if isinstance(c10d.default_pg_nccl_timeout, timedelta):
         c10d.default_pg_nccl_timeout = timeout
+    return timeout
+
+
+def init_default_group(backend: str, device: torch.device, timeout_s: float) -> None:
+    """init_process_group from the launcher's environment, with a per-attempt store and a timeout."""
+    timeout = default_timeouts(timeout_s)
     kwargs = dict(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     store = _agent_store(timeout)
     if store is not None:

@@ -1,4 +1,5 @@
-"""`python -m framework.plan [overrides] [--json]`: the plan of the job those overrides describe.
+"""`python -m framework.plan [overrides] [--json] [--plot FILE.png]`: the plan of the job those overrides
+describe (--plot: also drawn, its per-rank memory and step time, in a PNG).
 
 The config is composed and validated exactly as `python -m framework` would (exit 2 with one line on
 a bad one); nothing is launched and no device is needed. Planned for this host's GPU, the job's model is
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -49,8 +51,19 @@ def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
     overrides = [a for a in argv if a != "--json"]
+    plot_to = None
+    if "--plot" in overrides:
+        at = overrides.index("--plot")
+        if at + 1 >= len(overrides) or "=" in overrides[at + 1]:
+            print("error: --plot: give the PNG to write, e.g. --plot plan.png", file=sys.stderr)
+            return exit_codes.USAGE
+        plot_to = Path(overrides[at + 1])
+        del overrides[at:at + 2]
     try:
         plan, auto = plan_for(overrides)
+        if plot_to is not None:
+            from framework.plan.plot import plot
+            plot(plan, plot_to)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return exit_codes.USAGE

@@ -21,7 +21,7 @@ recomputes the rest from them: the norms' fp32 work and the residual inside the 
 CPU-inductor-compiled Llama blocks, which partition as on a GPU (`python
 benchmarks/compiled_activation_bytes.py`): within 0.1% of the plan, with fp32 weights under bf16
 autocast and with bf16 weights, eager and compiled; the 870M job's two compiled H100 rows (single and
-fsdp, ../shared/gpu) are planned at 0.99 of their measured peaks.
+fsdp, docs/benchmarks/h100.md) are planned at 0.99 of their measured peaks.
 
 Where the strategy hands the blocks weights already in low precision (FSDP2's mixed-precision policy,
 DeepSpeed's bf16 engine: `casting`, from Layout.casting), the model is traced with its parameters in that
@@ -209,8 +209,17 @@ def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = atte
     job holds them, so RoPE keeps the rows gathered for them rather than a view of its whole table.
     casting: whether the job's wrapper casts the weights and whether it autocasts (Layout.casting)."""
     key = (config_key(cfg.model), config_key(cfg.activation_checkpointing),
-           cfg.precision.name, cfg.precision.param_dtype, Casting(*casting), kernel, micro_batch, seq_len, cp)
+           cfg.precision.name, cfg.precision.param_dtype, Casting(*casting), kernel, micro_batch, seq_len, cp,
+           documents(cfg))
     return _measure(key, cfg)
+
+
+def documents(cfg) -> bool:
+    """Whether the job's forwards take packed documents (data.document_mask): the trace then builds their
+    positions and attention mask as the job does -- the dense seq x seq mask of the CPU path, which attention
+    keeps for backward (on CUDA flex_attention's block mask is far smaller: an upper bound there)."""
+    data = cfg.get("data")
+    return bool(data is not None and data.get("document_mask"))
 
 
 _CACHE: dict = {}
@@ -219,7 +228,7 @@ _CACHE: dict = {}
 def _measure(key, cfg) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
-    casting, kernel, micro_batch, seq_len, cp = key[4:]
+    casting, kernel, micro_batch, seq_len, cp, packed = key[4:]
     short = few_blocks.shortened(cfg, 3)
     if short is not None:
         three = measure(short, micro_batch, seq_len, cp, kernel, casting)
@@ -270,9 +279,10 @@ def _measure(key, cfg) -> ActivationProfile:
             if m is not model:
                 handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
         tokens = torch.zeros(micro_batch, seq_len, dtype=torch.long)
+        extra = (torch.zeros(micro_batch, seq_len, dtype=torch.int32),) if packed else ()
         tracker = _LiveTensors(where, [t.untyped_storage() for t in (*model.parameters(), *model.buffers())])
         with tracker, job_autocast(cfg.precision.name, casting), held, attention_kernel.tracing(kernel):
-            logits = model(tokens)
+            logits = model(tokens, *extra)
             loss = cross_entropy(logits, tokens)
             del logits          # the trainer keeps only the loss; what backward needs is held by the graph
         head: dict = {}

@@ -2,7 +2,7 @@
 needs it. Flash attention takes fp16/bf16 only; the memory-efficient kernel takes fp32 but, in torch's
 SDPA, not grouped-query attention (`enable_gqa`: flash and math only). What is left is the math kernel,
 which computes and keeps the s x s scores in fp32: an fp32 Llama with fewer key/value heads than query
-heads pays that on a GPU (the 870M fp32 job of ../shared/gpu died of it at 75 GiB). On the CPU the
+heads pays that on a GPU (the 870M fp32 job of docs/benchmarks/h100.md died of it at 75 GiB). On the CPU the
 fused kernel serves every dtype, so the plan of a CPU job traces the fused kernel."""
 from __future__ import annotations
 

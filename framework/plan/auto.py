@@ -15,7 +15,7 @@ from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.plan.hardware import Device
 from framework.plan.planner import Plan, make_plan
-from framework.strategies.registry import strategy_class
+from framework.strategies.registry import strategy_class, strategy_names
 
 # Predicted step times this close are a tie: the planner's terms cannot separate them (its predictions
 # scatter more than this against measured steps, benchmarks/plan_step_time.py). The simpler layout has
@@ -125,7 +125,7 @@ def rank_layouts(cfg, world: int, device: Device, per_node: int,
     `time_on_device`: as make_plan's (each distinct micro-batch, checkpointing and dtype is timed once)."""
     ranked = []
     resolved = _resolved(cfg)       # copied per candidate: a copy is cheaper than building the config again
-    for cand in candidates(cfg, world, per_node, list(cfg.parallel.strategies)):
+    for cand in candidates(cfg, world, per_node, list(cfg.parallel.strategies or strategy_names())):
         trial = _with_layout(copy.deepcopy(resolved), cand)
         if not _checked(trial, world):
             continue

@@ -15,17 +15,19 @@ def planned_device(cfg) -> Device | None:
     return device_named(cfg.planner.device) if cfg.planner.device else detected_device()
 
 
+def gpus_per_node(cfg, launcher_world: int, device: Device) -> int:
+    """The one rule (the memory check, parallel=auto, python -m framework.plan): planner.gpus_per_node,
+    else the job's launcher.nproc_per_node, else the launcher's world on a CPU, else 8 for a GPU."""
+    return cfg.planner.gpus_per_node or cfg.launcher.nproc_per_node or (launcher_world if device.name == "cpu" else 8)
+
+
 def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
-    """(world size, GPUs per node) the plan is for: planner.nodes x GPUs per node, which is
-    planner.gpus_per_node, else the job's launcher.nproc_per_node, else 8 for a GPU (the launcher's world
-    on a CPU). A single node with neither given is planned at the launcher's world size."""
-    p = cfg.planner
-    per_node = p.gpus_per_node or cfg.launcher.nproc_per_node
-    fallback = launcher_world if device.name == "cpu" else 8
-    if p.gpus_per_node is None and p.nodes == 1:
-        return launcher_world, per_node or fallback
-    per_node = per_node or fallback
-    return p.nodes * per_node, per_node
+    """(world size, GPUs per node) the plan is for: planner.nodes x gpus_per_node. A single node whose
+    planner.gpus_per_node is not given is planned at the launcher's world size."""
+    per_node = gpus_per_node(cfg, launcher_world, device)
+    if cfg.planner.gpus_per_node is None and cfg.planner.nodes == 1:
+        return launcher_world, per_node
+    return cfg.planner.nodes * per_node, per_node
 
 
 def _variants(cfg):

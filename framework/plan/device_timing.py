@@ -112,7 +112,7 @@ def _seconds(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str)
     spec = spec_for(cfg.model)
     with torch.device(device):
         model = job_model(cfg, spec, casting)
-    convert_float8(model, cfg.precision, spec.block_classes(model), fsdp=False)
+    convert_float8(model, cfg.precision, spec, fsdp=False)
     compile_blocks(model, cfg, spec)
     dtype = compute_dtype(cfg.precision.name)
     optimizer = OptimizerFactory(cfg.optimizer)(model.parameters())

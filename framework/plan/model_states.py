@@ -70,17 +70,17 @@ def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -
 
 def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind) -> ModelStates:
     """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): fp32
-    parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them), gradients
-    of the same local shape."""
-    local = sum(s.numel for s in shapes)
+    parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them; a LoRA base as
+    lora.base_dtype stores it), gradients of the same local shape for what trains."""
+    param_bytes = round(sum(s.numel * s.itemsize for s in shapes))
     stepped = trainable = [s for s in shapes if s.trainable]
     if layout.sharding == "replicate" and "optimizer" in layout.shards:
         stepped = zero1_partition(decay_groups(trainable), layout.world)
     opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
-    offloaded = (local * FP32 * 2 + opt) if layout.offload_params else 0
+    offloaded = (param_bytes * 2 + opt) if layout.offload_params else 0
     grads = sum(s.grad_numel for s in trainable) * FP32
     scratch = sum(s.numel for s in stepped) * FP32 if optimizer.moments == 2 else 0
-    return ModelStates(params=local * FP32, grads=grads, optimizer=opt, master=0, offloaded=offloaded,
+    return ModelStates(params=param_bytes, grads=grads, optimizer=opt, master=0, offloaded=offloaded,
                        step_scratch=scratch)
 
 

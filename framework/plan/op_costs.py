@@ -217,7 +217,7 @@ def _as_float8_on_a_gpu(model, cfg, spec) -> None:
     from omegaconf import OmegaConf
     from framework.parallel.float8 import convert_float8
     on_gpu = OmegaConf.merge(cfg.precision, {"float8_emulate": False})
-    convert_float8(model, on_gpu, spec.block_classes(model), fsdp=False)
+    convert_float8(model, on_gpu, spec, fsdp=False)
 
 
 def _trace(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:

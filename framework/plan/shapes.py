@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from framework.models import lora
 from framework.models.spec import spec_for
 from framework.parallel.expert_parallel import expert_layers
 from framework.parallel.pipeline import stage_ids
@@ -26,7 +27,8 @@ class ParamShape:
     tp_local: tuple[int, ...]    # after tensor parallelism, before data-parallel sharding
     whole_grad: bool = False     # its gradient comes back replicated (a vocab-sharded embedding without FSDP)
     expert: bool = False         # an MoE expert weight: split over the ep ranks where ep > 1, then FSDP leaves it
-    trainable: bool = True       # False: no gradient, no optimizer state (an MoE routing bias)
+    trainable: bool = True       # False: no gradient, no optimizer state (an MoE routing bias, a LoRA base)
+    itemsize: float = 4          # bytes an element takes as stored (a LoRA base in lora.base_dtype)
 
     @property
     def numel(self) -> int:
@@ -66,12 +68,38 @@ _META: dict[str, nn.Module] = {}
 _SHAPES: dict[tuple, list] = {}
 
 
+def _model_key(cfg) -> str:
+    lora_cfg = cfg.get("lora")
+    return config_key(cfg.model) + (config_key(lora_cfg) if lora_cfg is not None and lora_cfg.enabled else "")
+
+
 def _meta_model(cfg) -> nn.Module:
-    key = config_key(cfg.model)
+    """The job's model on the meta device, with its adapters (lora.enabled: only they train)."""
+    key = _model_key(cfg)
     if key not in _META:
+        spec = spec_for(cfg.model)
         with torch.device("meta"):
-            _META[key] = spec_for(cfg.model).build(cfg.model)
+            model = spec.build(cfg.model)
+        lora_cfg = cfg.get("lora")
+        if lora_cfg is not None and lora_cfg.enabled:
+            names = lora.target_linears(model, spec.block_classes(model), lora_cfg.targets, spec.lora_skip())
+            lora.apply_lora(model, names, lora_cfg.rank, lora_cfg.alpha, lora_cfg.dropout, lora_cfg.dora)
+        _META[key] = model
     return _META[key]
+
+
+def _itemsize(cfg, module: nn.Module, attr: str, p) -> float:
+    """Bytes an element of the parameter takes as the job stores it: an adapted linear's frozen weight in
+    lora.base_dtype (NF4: 4 bits plus a double-quantised scale a block; float8: a byte plus a row scale)."""
+    if isinstance(module, lora.LoRALinear) and attr == "weight":
+        dtype = cfg.lora.base_dtype
+        if dtype == "nf4":
+            block, _ = lora.nf4_blocks(p.numel())
+            return 0.5 + 1 / block
+        if dtype == "float8":
+            return 1 + 4 / p.shape[1]
+        return 2 if dtype == "bfloat16" else 4
+    return p.element_size()
 
 
 _STAGES: dict[tuple, nn.Module] = {}
@@ -85,7 +113,7 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
         return [model]
     stages = layout.pp * layout.virtual_stages
     ids = stage_ids(pp_rank, layout.pp, layout.virtual_stages, layout.pp_schedule)
-    key = config_key(cfg.model)
+    key = _model_key(cfg)
     for i in ids:
         if (key, i, stages) not in _STAGES:
             _STAGES[key, i, stages] = spec_for(cfg.model).pipeline_stage(model, i, stages)
@@ -94,7 +122,7 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
 
 def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
-    key = (config_key(cfg.model), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
+    key = (_model_key(cfg), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
            layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank,
            layout.cp, layout.ep)
     if key not in _SHAPES:
@@ -130,5 +158,6 @@ def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
             # A tied embedding's gradient is summed with the head's, which keeps the sharded layout.
             whole_grad = (dim is not None and isinstance(style, RowwiseParallel) and not fsdp
                           and isinstance(module.get_submodule(owner), nn.Embedding) and name not in tied)
-            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad, expert, p.requires_grad))
+            shapes.append(ParamShape(name, full, tuple(local), tuple(tp_local), whole_grad, expert, p.requires_grad,
+                                     _itemsize(cfg, module.get_submodule(owner), attr, p)))
     return shapes

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")
 MODEL_PARALLEL_DIMS = ("tp", "pp", "cp", "ep")
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
-#: the one vocabulary (DESIGN.md): what each zero stage keeps one shard of per data-parallel rank
+#: the one vocabulary (docs/design/index.md): what each zero stage keeps one shard of per data-parallel rank
 ZERO_SHARDS: dict[int, frozenset[str]] = {0: frozenset(), 1: frozenset({"optimizer"}),
                                           2: frozenset({"optimizer", "grads"}),
                                           3: frozenset({"optimizer", "grads", "params"})}
@@ -64,6 +64,8 @@ class Strategy:
     needs_process_group = True
     #: what this strategy's workers import when they set up, clip and checkpoint (see worker_preload)
     worker_modules: tuple[str, ...] = ()
+    #: lora.base_dtype values whose frozen weights it can hold (empty: it trains no adapters, lora.enabled refused)
+    adapter_base_dtypes: tuple[str, ...] = ()
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many
@@ -91,6 +93,9 @@ class Strategy:
     precision_note = ""
     #: why trainer.compile cannot work under this strategy ("" = it can)
     compile_note = ""
+    #: why this strategy cannot change a step's micro-batches mid-run, for trainer.on_oom=retry and
+    #: trainer.rampup_batch_size ("" = it can: plan_batches)
+    batch_change_note = ""
 
     # ---- what the planner reads (framework/plan asks these, never a strategy's name) ------------
     #: how the data-parallel ranks hold the model states: "replicate" (each a whole copy, gradients
@@ -196,6 +201,7 @@ class Strategy:
             raise ConfigError("trainer.compile_backend", "applies to trainer.compile=true; set it, or drop "
                                                          "trainer.compile_backend")
         cls.refuse_unused_parallel_options(cfg.parallel)
+        cls.check_adapters(cfg)
         cls.check(cfg, world_size)
 
     @classmethod
@@ -225,6 +231,21 @@ class Strategy:
     def check(cls, cfg, world_size: int) -> None:
         """Rules this strategy adds on top of the shared ones; raise ConfigError."""
 
+    @classmethod
+    def check_adapters(cls, cfg) -> None:
+        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype."""
+        if not cfg.lora.enabled:
+            return
+        from framework.strategies.registry import all_strategy_classes
+        if not cls.adapter_base_dtypes:
+            serving = [name for name, c in all_strategy_classes().items() if c.adapter_base_dtypes]
+            raise ConfigError("lora.enabled", f"parallel={cls.name} does not train adapters yet; use parallel="
+                                              f"{', '.join(serving)}")
+        if cfg.lora.base_dtype not in cls.adapter_base_dtypes:
+            raise ConfigError("lora.base_dtype", f"parallel={cls.name} holds frozen weights in "
+                                                 f"{', '.join(cls.adapter_base_dtypes)}, not {cfg.lora.base_dtype}; "
+                                                 f"use one of those, or parallel=single or ddp")
+
     # ---- inside a worker ----------------------------------------------------------------
     def __init__(self, cfg):
         self.cfg = cfg
@@ -236,6 +257,7 @@ class Strategy:
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device = self._pick_device()
         self._grad_bytes = 0
+        self._host_group = None
 
     def _pick_device(self) -> torch.device:
         want = self.cfg.device
@@ -280,9 +302,50 @@ class Strategy:
         as a 0-d tensor (read only on logged steps)."""
         raise NotImplementedError
 
+    def plan_batches(self, layout: BatchLayout) -> None:
+        """Before a step whose batch layout differs from the previous step's (a step of a batch-size ramp,
+        micro-batches halved after an out-of-memory error). Here nothing: forward_backward takes whatever
+        micro-batches it is handed."""
+
+    def drop_step(self) -> None:
+        """Forget a step that failed part-way (out of memory): its gradients, and the memory the CUDA
+        allocator keeps cached, so that the step can run again with smaller micro-batches."""
+        self.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def first_report(self, report: str | None) -> str | None:
+        """The report of the lowest rank that has one (None: no rank has); every rank calls it. Agreed among
+        the hosts over gloo, so that no rank waits for its device: one flag, and the reports only where one is."""
+        if not dist.is_initialized():
+            return report
+        if self._host_group is None:
+            self._host_group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        vote = torch.tensor([int(report is not None)])
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._host_group)
+        if not vote.item():
+            return None
+        reports = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, report, group=self._host_group)
+        return next(r for r in reports if r is not None)
+
     @torch.no_grad()
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:
         raise NotImplementedError
+
+    def gather_batch_statistics(self, micro_batches, loss_fn) -> None:
+        """Where the model's training loss reads statistics of the whole global batch (the spec's
+        batch_statistics: MoE's balance loss), a forward of each micro-batch without gradient gathers them
+        first; a step that is one forward in the world is its own global batch. Every rank calls this at
+        the start of forward_backward."""
+        from framework.models.spec import spec_for
+        if not hasattr(self, "_batch_statistics"):
+            self._batch_statistics = spec_for(self.cfg.model).batch_statistics(self.cfg.model)
+        if self._batch_statistics is None or (self.world_size == 1 and len(micro_batches) <= 1):
+            return
+        with self._batch_statistics.gathering(self.device):
+            self.eval_loss(micro_batches, loss_fn)
 
     @property
     def needs_batches(self) -> bool:
@@ -298,6 +361,8 @@ class Strategy:
         raise NotImplementedError(f"parallel={self.name} cannot load checkpoints yet")
 
     supports_async_save = False
+    #: saves to and loads from an object store URL (checkpoint.dir=s3://...), not only a file system path
+    saves_to_urls = False
 
     def save_checkpoint_async(self, path: str):
         """Start saving; return a Future whose result() means the state is on disk."""
@@ -356,6 +421,7 @@ class TorchStrategy(Strategy):
     precision_autocast = True
     checkpoint_format = "dcp"
     supports_async_save = True
+    saves_to_urls = True
     worker_modules = ("framework.checkpoint.dcp_state", "framework.parallel.grad_norm")
 
     def __init__(self, cfg):
@@ -382,7 +448,7 @@ class TorchStrategy(Strategy):
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         model = model_factory().to(self.device)
-        convert_float8(model, self.cfg.precision, model_factory.spec.block_classes(model), fsdp=False)
+        convert_float8(model, self.cfg.precision, model_factory.spec, fsdp=False)
         self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
@@ -434,14 +500,19 @@ class TorchStrategy(Strategy):
         return (t.to(self.device, non_blocking=True) for t in batch)
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
+        return self.accumulate(micro_batches, loss_fn)
+
+    def accumulate(self, micro_batches, loss_fn) -> torch.Tensor:
+        """Forward and backward of each micro-batch in turn, the gradient accumulated."""
         self.model.train()
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.accumulation_context(is_last=i == n - 1), weighted_micro_batch(1 / n):
                 with self.autocast():
-                    loss = loss_fn(self.model(inputs), targets)
+                    loss = loss_fn(self.model(inputs, *documents), targets)
                 self.backward(loss / n)
             total += loss.detach().float()
         return self.reduce_mean(total / n)
@@ -467,7 +538,7 @@ class TorchStrategy(Strategy):
         self.model.eval()
         total = torch.zeros((), device=self.device)
         for batch in micro_batches:
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with self.autocast():
-                total += loss_fn(self.model(inputs), targets).float()
+                total += loss_fn(self.model(inputs, *documents), targets).float()
         return self.reduce_mean(total / max(1, len(micro_batches)))

@@ -21,10 +21,10 @@ COMM_HOOKS = {"none": None, "fp16": "fp16_compress_hook", "bf16": "bf16_compress
 @dataclass
 class DDPOptions(ParallelConfig):
     name: str = "ddp"
-    bucket_cap_mb: float = 25.0
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
-    find_unused_parameters: bool = False
+    bucket_cap_mb: float = 25.0             # size of DDP's gradient all-reduce buckets
+    gradient_as_bucket_view: bool = False   # gradients are views into the buckets (saves one gradient copy)
+    static_graph: bool = False              # the graph is the same every step (lets DDP skip per-step bookkeeping)
+    find_unused_parameters: bool = False    # allow parameters that get no gradient in a step
     comm_hook: str = "none"          # none | fp16 | bf16: compress gradients for the all-reduce
 
 
@@ -41,6 +41,7 @@ class DDPStrategy(TorchStrategy):
                       "torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
     # what the planner reads: replicas (dp_sharding's default) whose gradients sync once a step (no_sync)
     machinery = 1
+    adapter_base_dtypes = ("float32", "bfloat16", "float8", "nf4")
 
     @classmethod
     def gradient_copy(cls, cfg) -> bool:
@@ -84,6 +85,10 @@ class DDPStrategy(TorchStrategy):
         opts = self.cfg.parallel
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
+        # Frozen parameters never change and start alike on every rank (seeded, or read from one file): DDP need
+        # not broadcast them at wrapping, which quantised frozen weights (lora.base_dtype) could not take.
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+            model, [name for name, p in model.named_parameters() if not p.requires_grad])
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
+from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
 from framework.parallel.mesh import ParallelDims
 from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 
@@ -34,10 +35,21 @@ def sharded_dims(cfg, world_size: int) -> ParallelDims:
 
 
 class UnitSharded:
-    """What the planner reads of a strategy that shards FSDP2 units over its data-parallel dims: stage2
-    keeps parameters sharded between steps too (gathered once for forward and backward)."""
+    """A strategy that shards FSDP2 units over its data-parallel dims. What the planner reads: stage2 keeps
+    parameters sharded between steps too (gathered once for forward and backward). In the worker: where
+    the units gather float8 weights, each optimizer step ends by computing their next scales at once."""
     dp_sharding = "unit"
     zero_shards = {2: ZERO_SHARDS[3]}
+
+    @staticmethod
+    def shards_units(mesh_dims: ParallelDims) -> bool:
+        return True
+
+    def optimizer_step(self, max_grad_norm: float):
+        grad_norm = super().optimizer_step(max_grad_norm)
+        if gathers_float8(self.cfg.precision, self.shards_units(self.mesh_dims(self.cfg, self.world_size))):
+            precompute_fsdp_scales([self.model])
+        return grad_norm
 
     @classmethod
     def keeps_gathered(cls, stage: int) -> bool:
@@ -64,6 +76,8 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
     # what the planner reads: every micro-batch's backward reduce-scatters its gradients
     reduces_every_micro_batch = True
     machinery = 2
+    # FSDP2 shards and all-gathers plain tensors; torchao's quantised weights need their own sharding hooks
+    adapter_base_dtypes = ("float32", "bfloat16")
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:

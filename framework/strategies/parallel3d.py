@@ -228,14 +228,28 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         tied = self.spec.tied_parameters(cfg.model) if self.num_stages > 1 else ()
         self.tied = TiedAcrossStages(modules, tied, self.stage_group, self.device) if tied else None
 
-        self.schedule = None
+        self.schedule = self._forward_schedule = None
         if self.dims.pp > 1:
-            self.schedule = build_schedule(cfg.parallel.pp_schedule, modules, self.stage_ids, self.num_stages,
-                                           self.batch_layout(cfg, self.world_size).pipeline_microbatches,
-                                           lambda output, target: self._loss_fn(output, target),
-                                           self.mesh.pp.get_group(), self.device)
+            self._build_schedule(self.batch_layout(cfg, self.world_size).pipeline_microbatches)
         self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def _new_schedule(self):
+        return build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,
+                              self.schedule_microbatches, lambda output, target: self._loss_fn(output, target),
+                              self.mesh.pp.get_group(), self.device, documents=self.cfg.data.document_mask)
+
+    def _build_schedule(self, microbatches: int) -> None:
+        # a second schedule over the same modules runs the forwards without gradient (evaluation, batch
+        # statistics), made when first needed: torch's schedule infers its shapes again whenever it switches
+        self.schedule_microbatches = microbatches
+        self.schedule = self._new_schedule()
+        self._forward_schedule = None
+
+    def plan_batches(self, layout: BatchLayout) -> None:
+        """A pipeline's schedule runs a fixed number of micro-batches: a new number gets a new schedule."""
+        if self.schedule is not None and layout.pipeline_microbatches != self.schedule_microbatches:
+            self._build_schedule(layout.pipeline_microbatches)
 
     def sharding(self, mesh_dims: ParallelDims) -> ShardingPlan:
         """FSDP2 over the data-parallel dims, with the same mixed-precision policy as parallel=fsdp."""
@@ -253,7 +267,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
 
     def teardown(self) -> None:
         # Stages and schedule hold the FSDP/pipeline state; free them before the process groups go.
-        self.stages = self.schedule = None
+        self.stages = self.schedule = self._forward_schedule = None
         super().teardown()
 
     # ---- data ---------------------------------------------------------------------------
@@ -298,9 +312,10 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         return self.context.shard_batch(*batch) if self.context is not None else batch
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
         with self.sequence_step():
             if self.schedule is None:
-                return super().forward_backward(micro_batches, loss_fn)
+                return self.accumulate(micro_batches, loss_fn)
             self.model.train()
             return self._run_pipeline(micro_batches, loss_fn, train=True)
 
@@ -317,16 +332,18 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         self._loss_fn = loss_fn
         args, kwargs, losses = (), {}, []
         if micro_batches:
-            inputs, targets = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
+            inputs, targets, *documents = self._to_device([torch.cat(parts) for parts in zip(*micro_batches)])
             if self.holds_first:
-                args = (inputs,)
+                args = (inputs, *documents)
             if self.holds_last:
                 kwargs = {"target": targets, "losses": losses}
         with self.autocast():
             if train:
                 self.schedule.step(*args, return_outputs=False, **kwargs)
             else:
-                self.schedule.eval(*args, **kwargs)
+                if self._forward_schedule is None:
+                    self._forward_schedule = self._new_schedule()
+                self._forward_schedule.eval(*args, **kwargs)
         if train and self.tied is not None:
             self.tied.sum_grads()
         local = torch.stack(losses).float().mean() if losses else torch.zeros((), device=self.device)

@@ -7,14 +7,18 @@ import importlib
 
 from framework.errors import ConfigError
 
+#: in the order parallel=auto tries them (of equally fast layouts of equal machinery, the first listed wins)
 STRATEGIES: dict[str, str] = {
     "single": "framework.strategies.single:SingleDeviceStrategy",
     "ddp": "framework.strategies.ddp:DDPStrategy",
-    "3d": "framework.strategies.parallel3d:Parallel3DStrategy",
-    "deepspeed": "framework.strategies.deepspeed:DeepSpeedStrategy",
     "fsdp": "framework.strategies.fsdp:FSDPStrategy",
+    "deepspeed": "framework.strategies.deepspeed:DeepSpeedStrategy",
+    "3d": "framework.strategies.parallel3d:Parallel3DStrategy",
 }
 
+
+def strategy_names() -> list[str]:
+    return list(STRATEGIES)
 
 
 def strategy_class(name: str):

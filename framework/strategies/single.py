@@ -12,6 +12,7 @@ class SingleDeviceStrategy(TorchStrategy):
                     2: "sharding needs several ranks: use parallel=fsdp or deepspeed",
                     3: "sharding needs several ranks: use parallel=fsdp or deepspeed"}
     machinery = 0
+    adapter_base_dtypes = ("float32", "bfloat16", "float8", "nf4")
 
     @classmethod
     def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:

@@ -89,7 +89,7 @@ class Oracle:
         except (HydraException, OmegaConfBaseException) as e:
             return "hydra: " + " ".join(str(e).split())
         try:
-            _, world = launch.admit(cfg, explicit={o.split("=")[0] for o in groups[len(BASE):] + fields})
+            _, world, _ = launch.admit(cfg, explicit={o.split("=")[0] for o in groups[len(BASE):] + fields})
         except ConfigError as e:
             return f"error: {e}"
         if world <= MAX_WORLD:

@@ -17,19 +17,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from framework.loss import deferred_logits
+from framework.models.documents import DocumentLayout, attend
 from framework.models.positions import token_positions
 from framework.models.seeding import param_seed
 
 
 @dataclass
 class GPT2Args:
-    dim: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
-    vocab_size: int = 50257
-    max_seq_len: int = 1024
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    dim: int = 768                          # model width (embedding and residual stream)
+    n_layers: int = 12                      # transformer blocks
+    n_heads: int = 12                       # attention heads
+    vocab_size: int = 50257                 # embedding rows; follows data.vocab_size unless set
+    max_seq_len: int = 1024                 # learned position embeddings (the longest sequence)
+    norm_eps: float = 1e-5                  # LayerNorm epsilon
+    init_std: float = 0.02                  # standard deviation of the seeded normal init
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
     loss_chunk_tokens: int = 0
 
@@ -67,11 +68,11 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
         bsz, seq, _ = x.shape
         # -1: under tensor parallelism each rank holds a slice of the heads
         q, k, v = (w(x).view(bsz, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = attend(q, k, v, mask)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq, -1))
 
 
@@ -93,8 +94,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, mask=None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -109,15 +110,17 @@ class GPT2(nn.Module):
         self.lm_head: Optional[nn.Linear] = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out."""
+    def forward(self, tokens: torch.Tensor, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens (batch, seq) of ids -> logits; on inner pipeline stages hidden states in and out. `documents`
+        (batch, seq): packed documents' numbers (framework.models.documents)."""
+        layout = DocumentLayout(documents) if documents is not None else None
         if self.wte is not None:
-            positions = token_positions(tokens.shape[1], tokens.device)
+            positions = token_positions(tokens.shape[1], tokens.device) if layout is None else layout.positions
             h = self.wte(tokens) + self.wpe(positions)
         else:
             h = tokens
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h, None if layout is None else layout.mask)
         if self.ln_f is not None:
             h = self.ln_f(h)
         if self.lm_head is None:

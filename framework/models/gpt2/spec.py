@@ -11,7 +11,7 @@ from framework.models.native_spec import NativeDecoderSpec
 
 @dataclass
 class GPT2ModelConfig(GPT2Args):
-    _target_: str = "framework.models.gpt2.GPT2"
+    _target_: str = "framework.models.gpt2.GPT2"   # the model class built (the family's)
 
 
 class GPT2Spec(NativeDecoderSpec):

@@ -15,6 +15,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.loss import deferred_logits
+from framework.models.documents import positions_in_documents
 from framework.models.moe.balance import with_aux_loss
 
 
@@ -79,17 +80,21 @@ class HFCausalLM(nn.Module):
             self.model = transformers.AutoModelForCausalLM.from_config(hf_config_of(pretrained, config),
                                                                        dtype=torch.float32)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits; a mixture-of-experts class whose config asks for output_router_logits (Mixtral, Qwen3-MoE)
         also sends router_aux_loss_coef x its load-balancing loss into the gradient, weighted like the
-        micro-batch's LM loss (as our MoE family does), since the framework computes the loss itself."""
+        micro-batch's LM loss (as our MoE family does), since the framework computes the loss itself.
+
+        `documents` (packed documents' numbers): the position ids restart at each document, from which
+        transformers builds the same block-causal attention (its packed-sequence masks)."""
         config = self.model.config
+        extra = {} if documents is None else {"position_ids": positions_in_documents(documents)}
         if self.training and self.loss_chunk_tokens:
-            hidden = self.model.base_model(input_ids=tokens, use_cache=False).last_hidden_state
+            hidden = self.model.base_model(input_ids=tokens, use_cache=False, **extra).last_hidden_state
             return deferred_logits(hidden, self.model.get_output_embeddings(), self.loss_chunk_tokens)
         if not (self.training and getattr(config, "output_router_logits", False)):
-            return self.model(input_ids=tokens, use_cache=False).logits
-        out = self.model(input_ids=tokens, use_cache=False, output_router_logits=True)
+            return self.model(input_ids=tokens, use_cache=False, **extra).logits
+        out = self.model(input_ids=tokens, use_cache=False, output_router_logits=True, **extra)
         return with_aux_loss(out.logits, out.aux_loss, getattr(config, "router_aux_loss_coef", 0.0))
 
     def block_classes(self) -> tuple[type, ...]:

@@ -34,7 +34,7 @@ SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "n
 
 @dataclass
 class HFModelConfig:
-    _target_: str = "framework.models.hf.HFCausalLM"
+    _target_: str = "framework.models.hf.HFCausalLM"   # the model class built (the family's)
     pretrained: Optional[str] = None    # a local dir: config.json + safetensors weights
     config: Optional[str] = None        # a dir or config.json: a fresh model from the seed
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
@@ -78,6 +78,8 @@ class _Weights:
 class HFSpec(ModelSpec):
     name = "hf"
     has_hf_layout = True
+    float8_kept = ("gate",)     # the MoE router of Mixtral (block_sparse_moe.gate) and Qwen3-MoE (mlp.gate)
+    takes_documents = True
 
     def config_schema(self) -> type:
         return HFModelConfig
@@ -179,6 +181,9 @@ class HFSpec(ModelSpec):
                 continue
             out[key] = tensor.detach().float().cpu().contiguous()
         return out
+
+    def hf_linear(self, name, rows, model_cfg):
+        return (name[len(PREFIX):] if name.startswith(PREFIX) else name), rows
 
     def hf_mismatches(self, hf_config, model_cfg):
         ours = self.hf_cfg(model_cfg).to_dict()

@@ -91,6 +91,12 @@ def to_hf(state: dict[str, torch.Tensor], args: LlamaArgs) -> dict[str, torch.Te
     return out
 
 
+def linear_to_hf(name: str, rows: torch.Tensor, args: LlamaArgs) -> tuple[str, torch.Tensor]:
+    """One linear's weight-shaped tensor (its output rows first: a LoRA B) -> (HF name, rows in HF's order)."""
+    heads = _heads(name, args)
+    return hf_name(name, args), (interleaved_to_halves(rows, heads) if heads else rows)
+
+
 def rope_of(hf: dict) -> tuple[float, dict]:
     """(rope_theta, our rope_scaling) of a config.json, whichever way transformers wrote it: `rope_theta` +
     `rope_scaling` (before v5) or `rope_parameters` (v5). Raises LayoutError for a RoPE this Llama lacks."""

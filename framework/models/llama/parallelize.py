@@ -8,6 +8,10 @@ output head over its columns, gathered back to full logits for the loss.
 With sequence parallelism the activations between those regions (norms, residual adds) stay
 sharded along the sequence: all-gather before attention/MLP, reduce-scatter after, instead of
 all-reduce. Activations crossing a pipeline stage boundary are then each rank's sequence shard.
+
+A feed-forward other than the SwiGLU MLP (a variant's mixture of experts) is left whole on every rank:
+it sees the replicated residual stream and computes the same on each (its spec refuses sequence
+parallelism, which would hand each rank other tokens; experts spread by expert parallelism instead).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
 
-from framework.models.llama.model import Llama
+from framework.models.llama.model import FeedForward, Llama
 from framework.models.native_spec import stage_with_layers
 
 
@@ -29,24 +33,28 @@ def tensor_parallel_plan(model: Llama, sequence_parallel: bool) -> dict[str, Par
     }
     if sequence_parallel:
         plan["norm"] = SequenceParallel()
-    for i in model.layers:
+    for i, layer in model.layers.items():
         block = f"layers.{i}"
         plan.update({
             f"{block}.attention.wq": ColwiseParallel(),
             f"{block}.attention.wk": ColwiseParallel(),
             f"{block}.attention.wv": ColwiseParallel(),
             f"{block}.attention.wo": RowwiseParallel(output_layouts=between),
-            f"{block}.feed_forward.w1": ColwiseParallel(),
-            f"{block}.feed_forward.w3": ColwiseParallel(),
-            f"{block}.feed_forward.w2": RowwiseParallel(output_layouts=between),
         })
+        if isinstance(layer.feed_forward, FeedForward):
+            plan.update({
+                f"{block}.feed_forward.w1": ColwiseParallel(),
+                f"{block}.feed_forward.w3": ColwiseParallel(),
+                f"{block}.feed_forward.w2": RowwiseParallel(output_layouts=between),
+            })
         if sequence_parallel:
             plan.update({
                 f"{block}.attention_norm": SequenceParallel(),
                 f"{block}.ffn_norm": SequenceParallel(),
-                # Attention also takes the rotary tables (plain tensors, the same on every rank).
-                f"{block}.attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                         desired_input_layouts=(Replicate(), None, None),
+                # Attention also takes the rotary tables and the packed documents' mask (or None): plain,
+                # the same on every rank.
+                f"{block}.attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                                         desired_input_layouts=(Replicate(), None, None, None),
                                                          use_local_output=True),
                 f"{block}.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
                                                             desired_input_layouts=(Replicate(),),

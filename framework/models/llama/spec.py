@@ -12,7 +12,7 @@ from framework.models.native_spec import NativeDecoderSpec
 
 @dataclass
 class LlamaModelConfig(LlamaArgs):
-    _target_: str = "framework.models.llama.Llama"
+    _target_: str = "framework.models.llama.Llama"   # the model class built (the family's)
 
 
 def validate_rope_scaling(scaling) -> None:

@@ -119,6 +119,12 @@ def to_hf(state: dict[str, torch.Tensor], args: MoEArgs) -> dict[str, torch.Tens
     return out
 
 
+def linear_to_hf(name: str, rows: torch.Tensor, args: MoEArgs) -> tuple[str, torch.Tensor]:
+    """One dense linear's weight-shaped tensor (a LoRA B) -> (HF name, rows in HF's order)."""
+    heads = _rotary_rows(name, args)
+    return hf_key(name, args), (llama.interleaved_to_halves(rows, heads) if heads else rows)
+
+
 def hf_config(args: MoEArgs) -> dict:
     layout = layout_of(args)
     config = llama.hf_config(args)

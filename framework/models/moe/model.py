@@ -1,11 +1,12 @@
-"""A Llama-style decoder whose MLP is a mixture of experts (Mixtral / Qwen3-MoE / DeepSeek-V3 shaped).
+"""Llama with a mixture of experts for each block's feed-forward (Mixtral / Qwen3-MoE / DeepSeek-V3 shaped).
 
-Each block's feed-forward is a router plus E SwiGLU experts; every token goes to its top-k experts
-(softmax or sigmoid scores, the chosen weights renormalised to sum to one as HF's classes do), plus an
-optional shared expert every token passes through. Dispatch is dropless: tokens are sorted by expert
-and each expert computes all of its tokens (no capacity, nothing dropped). Attention, norms and RoPE
-are our Llama's (plus Qwen3's optional per-head q/k norm), so its tensor-parallel plan and HF rotary
-layout carry over.
+A variant of our Llama, not a copy: MoETransformer is Llama with its arguments (MoEArgs) and two parts
+swapped, the feed-forward (a router plus E SwiGLU experts) and, for Qwen3, the attention (per-head q/k
+norms); the top level, rotary tables, the chunked loss, the TP plan and pipeline split are Llama's.
+Every token goes to its top-k experts (softmax or sigmoid scores, the chosen weights renormalised to sum
+to one as HF's classes do), plus an optional shared expert every token passes through. Dispatch is
+dropless: tokens are sorted by expert and each expert computes all of its tokens (no capacity, nothing
+dropped).
 
 Balancing (balance.py): `balance=aux_loss` adds the Switch/Mixtral auxiliary loss to the gradient,
 `balance=bias` moves a per-expert routing bias outside the gradient (DeepSeek-V3's auxiliary-loss-free
@@ -14,18 +15,15 @@ can shard dim 0.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from framework.models.llama.model import Attention, FeedForward, LlamaArgs, RMSNorm, rope_tables
+from framework.models.llama.model import Attention, FeedForward, Llama, LlamaArgs, RMSNorm
 from framework.models.moe import balance
 from framework.models.moe.experts import expert_swiglu
-from framework.models.seeding import param_seed
 
 SCORE_FUNCS = ("softmax", "sigmoid")
 BALANCES = ("aux_loss", "bias", "none")
@@ -34,16 +32,16 @@ EXPERT_COMPUTE = ("auto", "grouped_mm", "loop")
 
 @dataclass
 class MoEArgs(LlamaArgs):
-    n_experts: int = 8
-    top_k: int = 2
+    n_experts: int = 8                      # routed experts per MoE layer
+    top_k: int = 2                          # experts each token is sent to
     moe_ffn_dim: int = 128                # hidden size of one routed expert
     shared_ffn_dim: int = 0               # hidden size of the shared expert; 0 = none
-    score_func: str = "softmax"
+    score_func: str = "softmax"             # router scores: softmax | sigmoid
     norm_topk_prob: bool = True           # renormalise the k chosen weights to sum to one
-    balance: str = "aux_loss"
-    aux_loss_coef: float = 0.01
+    balance: str = "aux_loss"               # aux_loss (Switch/Mixtral) | bias (DeepSeek-V3's loss-free routing bias) | none
+    aux_loss_coef: float = 0.01             # balance=aux_loss: weight of the auxiliary loss
     bias_update_rate: float = 0.001       # balance=bias: how far a step moves an expert's bias
-    expert_compute: str = "auto"          # auto: torch._grouped_mm where the device has it, else a loop
+    expert_compute: str = "auto"          # auto | grouped_mm | loop; auto: torch._grouped_mm where the device has it
     attn_head_dim: Optional[int] = None   # None = dim / n_heads; Qwen3 sets 128 with dim 2048 and 32 heads
     qk_norm: bool = False                 # Qwen3: RMSNorm over each head's q and k before RoPE
 
@@ -135,7 +133,7 @@ class MoEFeedForward(nn.Module):
         # scatter_add, not bincount: a fixed output shape, which the planner's fake-tensor pass needs
         counts = torch.zeros(self.args.n_experts, dtype=torch.long, device=x.device).scatter_add_(
             0, ids.flatten(), torch.ones_like(ids.flatten()))
-        aux = balance.observe(self, scores, ids, counts)
+        aux = balance.observe(self, scores, counts)
         # dropless dispatch: each (token, choice) pair in expert order, stable so equal ids keep token order
         order = ids.flatten().argsort(stable=True)
         token_of = order // self.args.top_k
@@ -151,7 +149,7 @@ class MoEFeedForward(nn.Module):
         return balance.with_aux_loss(y.reshape(shape), aux, self.args.aux_loss_coef)
 
 
-class MoEAttention(Attention):
+class QKNormAttention(Attention):
     """Llama's attention; with `qk_norm` each head's q and k pass an RMSNorm over head_dim before RoPE
     (Qwen3). Without it the parameters and numbers are Llama's."""
 
@@ -166,54 +164,11 @@ class MoEAttention(Attention):
         return self.q_norm(q), self.k_norm(k)
 
 
-class MoEBlock(nn.Module):
-    def __init__(self, args: MoEArgs, layer_id: int):
-        super().__init__()
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = MoEAttention(args)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = MoEFeedForward(args, layer_id)
+class MoETransformer(Llama):
+    args_class = MoEArgs
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def attention(self, args: MoEArgs, layer_id: int) -> nn.Module:
+        return QKNormAttention(args)
 
-
-class MoETransformer(nn.Module):
-    def __init__(self, **kwargs):
-        super().__init__()
-        self.args = args = MoEArgs(**kwargs)
-        self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): MoEBlock(args, i) for i in range(args.n_layers)})
-        self.norm: Optional[RMSNorm] = RMSNorm(args.dim, args.norm_eps)
-        self.output: Optional[nn.Linear] = nn.Linear(args.dim, args.vocab_size, bias=False)
-        if args.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=h.device,
-                               scaling=self.args.rope_scaling)
-        for layer in self.layers.values():
-            h = layer(h, cos, sin)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.output(h).float() if self.output is not None else h
-
-    def block_classes(self) -> tuple[type, ...]:
-        return (MoEBlock,)
-
-
-@torch.no_grad()
-def init_parameter(tensor: torch.Tensor, name: str, seed: int, n_layers: int, std: float = 0.02) -> None:
-    """Fill one full-size parameter from (seed, name) alone: norms one, routing biases zero, output
-    projections (wo, w2, experts' w2) scaled down with depth as in GPT-2, the rest normal(0, std)."""
-    if name.endswith("norm.weight"):
-        tensor.fill_(1.0)
-        return
-    if name.endswith("expert_bias"):
-        tensor.zero_()
-        return
-    scale = std / math.sqrt(2 * n_layers) if name.endswith(("wo.weight", "w2.weight", "experts.w2")) else std
-    gen = torch.Generator().manual_seed(param_seed(seed, name))
-    tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale)
+    def feed_forward(self, args: MoEArgs, layer_id: int) -> nn.Module:
+        return MoEFeedForward(args, layer_id)

@@ -1,5 +1,5 @@
-"""Our MoE decoder as the framework sees it: the one place that joins model, plans, init, HF layout,
-balancing metrics and expert counts (total vs active parameters) for FLOPs and the planner."""
+"""Our MoE decoder as the framework sees it: Llama's spec with the MoE model's arguments, HF layout,
+balancing (statistics pass, metrics) and expert counts (total vs active parameters) for FLOPs and the planner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,24 +7,23 @@ from dataclasses import dataclass
 from framework.errors import ConfigError
 from framework.models.llama.spec import LlamaSpec
 from framework.models.moe import balance, hf_adapter
-from framework.models.moe.model import (BALANCES, EXPERT_COMPUTE, SCORE_FUNCS, MoEArgs, MoEBlock, MoETransformer,
-                                        init_parameter)
+from framework.models.moe.model import BALANCES, EXPERT_COMPUTE, SCORE_FUNCS, MoEArgs, MoETransformer
 
 
 @dataclass
 class MoEModelConfig(MoEArgs):
-    _target_: str = "framework.models.moe.MoETransformer"
+    _target_: str = "framework.models.moe.MoETransformer"   # the model class built (the family's)
 
 
 class MoESpec(LlamaSpec):
+    """Llama's spec (init, TP plan, pipeline split, loss chunking, rules) with the MoE arguments, the HF
+    layouts of Mixtral and Qwen3-MoE, expert counts and balancing on top."""
     name = "moe"
     smallest = "moe_tiny"
     hf_model_type = "mixtral"
     args_class = MoEArgs
-    block_class = MoEBlock
-    init_fn = staticmethod(init_parameter)
-    plans = "framework.models.moe.parallelize"
     has_experts = True
+    float8_kept = ("router.gate",)       # its scores pick the experts (torchtitan leaves routers out too)
     adapter = hf_adapter
 
     def config_schema(self) -> type:
@@ -33,12 +32,22 @@ class MoESpec(LlamaSpec):
     def model_class(self) -> type:
         return MoETransformer
 
+    def lora_skip(self) -> tuple[str, ...]:
+        return (r"\.router\.gate$",)      # adapters go on the dense linears; the experts are not nn.Linear
+
     def active_params(self, model_cfg) -> int:
         return self.args(model_cfg).active_params()
 
     def dispatch_elements(self, model_cfg) -> int:
         args = self.args(model_cfg)
         return args.top_k * args.dim
+
+    def batch_statistics(self, model_cfg):
+        """balance=aux_loss counts its expert fractions over the global batch (balance.py)."""
+        args = self.args(model_cfg)
+        if args.balance != "aux_loss" or args.aux_loss_coef <= 0:
+            return None
+        return balance.StepStatistics(args.n_layers, args.n_experts, args.top_k)
 
     def step_metrics(self, model) -> dict:
         last = balance.last_step()

@@ -49,6 +49,8 @@ class DeepSpeedStrategy(Strategy):
     activation_checkpointing = AC_MODES
     compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
                     "drive yet; parallel=fsdp zero=stage3 compiles per block")
+    batch_change_note = ("its engine fixes train_micro_batch_size_per_gpu and gradient_accumulation_steps when it "
+                         "starts; parallel=fsdp shards alike and can")
     # what the planner reads: ZeRO's flat partitions; stage1 reduces the gradients into the rank's
     # partition as stage2 does, every micro-batch
     dp_sharding = "flat"
@@ -191,6 +193,7 @@ class DeepSpeedStrategy(Strategy):
             yield t.to(self.dtype) if t.is_floating_point() else t
 
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:
+        self.gather_batch_statistics(micro_batches, loss_fn)
         engine = self.engine
         engine.train()
         n = len(micro_batches)
@@ -198,9 +201,9 @@ class DeepSpeedStrategy(Strategy):
             raise RuntimeError(f"{n} micro-batches per step, DeepSpeed expects {engine.gradient_accumulation_steps()}")
         total = torch.zeros((), device=engine.device)
         for i, batch in enumerate(micro_batches):
-            inputs, targets = self._to_device(batch)
+            inputs, targets, *documents = self._to_device(batch)
             with weighted_micro_batch(1 / n):
-                loss = loss_fn(engine(inputs), targets)
+                loss = loss_fn(engine(inputs, *documents), targets)
                 engine.backward(loss)    # scales by 1/accumulation steps, like the torch path's loss / n
             if i < n - 1:
                 engine.step()            # not a boundary: DeepSpeed only counts the micro-step
@@ -225,8 +228,8 @@ class DeepSpeedStrategy(Strategy):
         self.engine.eval()
         total = torch.zeros((), device=self.engine.device)
         for batch in micro_batches:
-            inputs, targets = self._to_device(batch)
-            total += loss_fn(self.engine(inputs), targets).float()
+            inputs, targets, *documents = self._to_device(batch)
+            total += loss_fn(self.engine(inputs, *documents), targets).float()
         return self.reduce_mean(total / max(1, len(micro_batches)))
 
     def step_metrics(self) -> dict:

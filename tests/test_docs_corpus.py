@@ -1,10 +1,10 @@
-"""README's "Your own corpus" commands, run as written from a directory other than the checkout."""
-import re
+"""The corpus commands of docs/how-to/own-data.md (prepare, train, generate, export), run in order as written
+from a directory other than the checkout."""
 import subprocess
 import sys
 
+from tests.docs_commands import run_by
 from tests.fixtures.corpora import write_pydoc_jsonl
-from tests.helpers import REPO
 
 COMMANDS = [
     "python -m framework.data.prepare --input corpus/*.jsonl --tokenizer bpe:4096 --out data/corpus",
@@ -15,13 +15,11 @@ COMMANDS = [
 ]
 
 
-def test_readme_shows_these_commands():
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"## Your own corpus.*?```bash\n(.*?)```", readme, re.S).group(1)
-    assert block.splitlines() == COMMANDS
+def test_the_docs_show_these_commands():
+    assert [c.text for c in run_by(__file__)] == COMMANDS
 
 
-def test_readme_corpus_commands_run_as_written(tmp_path):
+def test_docs_corpus_commands_run_as_written(tmp_path):
     write_pydoc_jsonl(tmp_path / "corpus", parts=2)
     outputs = []
     for command in COMMANDS:

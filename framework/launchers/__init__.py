@@ -1,0 +1,1 @@
+"""The engines that run a job's workers (framework.cluster.engines names them)."""

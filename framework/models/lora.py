@@ -1,0 +1,187 @@
+"""LoRA (and DoRA) adapters on the linear layers of any model's blocks.
+
+Each adapted nn.Linear becomes a LoRALinear: the same module with the same `weight` (and `bias`), frozen,
+plus lora_A (rank x in) and lora_B (out x rank) whose product, scaled by alpha / rank, is added to the
+weight's output -- PEFT's layout and names, so an adapter saved from here loads into `peft`. lora_B starts
+at zero (the adapted model starts as the base); lora_A from (seed, name), so every rank and every layout
+starts alike. DoRA (`lora.dora`) adds a per-row magnitude, starting at the rows' norms of the base weight, and
+rescales the adapted weight to it (Liu et al. 2024; PEFT's use_dora). Every other parameter is frozen:
+only the adapters are trained, stepped and reduced.
+
+The frozen weights may be stored in `lora.base_dtype`: bfloat16, float8 (torchao's weight-only float8,
+row-wise scales) or nf4 (torchao's NF4Tensor, QLoRA); the adapters stay float32.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from framework.models.seeding import param_seed
+
+ADAPTER_SUFFIXES = ("lora_A", "lora_B", "lora_magnitude")
+BASE_DTYPES = ("float32", "bfloat16", "float8", "nf4")
+NF4_BLOCK = 64          # elements per NF4 block (torchao's default), or the largest power of two dividing the weight
+NF4_SCALER_BLOCK = 256  # blocks per double-quantised scale (torchao's default), or the largest divisor below it
+
+
+class LoRALinear(nn.Linear):
+    """nn.Linear(x) + dropout(x) A^T B^T * alpha / rank, with the linear's own weight frozen."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, rank: int, alpha: float,
+                 dropout: float = 0.0, dora: bool = False, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.rank, self.alpha, self.scaling = rank, alpha, alpha / rank
+        self.lora_A = nn.Parameter(torch.zeros(rank, in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(out_features, rank, device=device))
+        self.lora_magnitude = nn.Parameter(torch.ones(out_features, device=device)) if dora else None
+        self.lora_dropout = nn.Dropout(dropout) if dropout else nn.Identity()
+
+    def base_weight(self, dtype) -> torch.Tensor:
+        w = self.weight
+        if hasattr(w, "get_original_weight"):           # NF4
+            return w.get_original_weight().to(dtype)
+        if hasattr(w, "dequantize"):                    # torchao float8
+            return w.dequantize().to(dtype)
+        return w.to(dtype)
+
+    def delta(self) -> torch.Tensor:
+        """The adapter's change of the weight (out x in), fp32: B A * scaling (DoRA: its merged weight minus the base)."""
+        base = self.base_weight(torch.float32)
+        if self.lora_magnitude is None:
+            return (self.lora_B @ self.lora_A) * self.scaling
+        merged = base + (self.lora_B @ self.lora_A) * self.scaling
+        return merged * (self.lora_magnitude / merged.norm(dim=1)).unsqueeze(1) - base
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+        if self.lora_magnitude is not None:
+            # DoRA, as PEFT computes it: the base output scaled to the magnitude, with the norm not differentiated
+            weight = self.base_weight(x.dtype)
+            norm = (weight.float() + (self.lora_B @ self.lora_A).float() * self.scaling).norm(dim=1).detach()
+            scale = (self.lora_magnitude / norm).to(x.dtype)
+            base = F.linear(x, weight)
+            adapted = (self.lora_dropout(x) @ a.t()) @ b.t() * self.scaling
+            out = (scale - 1) * base + scale * adapted + base
+            return out + self.bias.to(x.dtype) if self.bias is not None else out
+        out = self._frozen(x) + (self.lora_dropout(x) @ a.t()) @ b.t() * self.scaling
+        return out
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if hasattr(w, "get_original_weight"):
+            from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4
+            out = linear_nf4(x, w)
+        elif hasattr(w, "dequantize"):
+            out = F.linear(x, w.dequantize().to(x.dtype))
+        else:
+            out = F.linear(x, w.to(x.dtype))
+        return out + self.bias.to(x.dtype) if self.bias is not None else out
+
+
+def is_adapter(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in ADAPTER_SUFFIXES
+
+
+def target_linears(model: nn.Module, block_classes: tuple[type, ...], targets: Iterable[str],
+                   skip: Iterable[str] = ()) -> list[str]:
+    """Names of the nn.Linear modules to adapt: inside the blocks, whose name ends with one of `targets`
+    (every one where `targets` is empty), not matching `skip` (a spec's non-adaptable linears, MoE routers)."""
+    targets, skip = tuple(targets), tuple(skip)
+    names = set()
+    for block_name, block in model.named_modules():
+        if not isinstance(block, block_classes):
+            continue
+        for name, module in block.named_modules():
+            full = f"{block_name}.{name}" if name else block_name
+            if type(module) is not nn.Linear and not isinstance(module, LoRALinear):
+                continue
+            if targets and not any(full == t or full.endswith("." + t) for t in targets):
+                continue
+            if any(re.search(pattern, full) for pattern in skip):
+                continue
+            names.add(full)
+    return sorted(names)
+
+
+def apply_lora(model: nn.Module, names: list[str], rank: int, alpha: float, dropout: float = 0.0,
+               dora: bool = False) -> nn.Module:
+    """Swap each named nn.Linear for a LoRALinear holding the same weight (and bias) tensors, on the same
+    device (meta included); freeze everything but the adapters."""
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        with torch.device(old.weight.device):
+            new = LoRALinear(old.in_features, old.out_features, old.bias is not None, rank, alpha, dropout, dora)
+        new.weight = old.weight
+        if old.bias is not None:
+            new.bias = old.bias
+        setattr(parent, child, new)
+    for name, p in model.named_parameters():
+        p.requires_grad_(is_adapter(name))
+    return model
+
+
+@torch.no_grad()
+def init_adapter(name: str, tensor: torch.Tensor, seed: int, base: torch.Tensor | None = None) -> None:
+    """lora_A: PEFT's default, kaiming-uniform with a = sqrt(5) (bound 1 / sqrt(in)), from (seed, name); lora_B:
+    zeros; lora_magnitude: the rows' norms of `base` (the full base weight)."""
+    suffix = name.rsplit(".", 1)[-1]
+    if suffix == "lora_B":
+        tensor.zero_()
+    elif suffix == "lora_magnitude":
+        tensor.copy_(base.float().norm(dim=1))
+    else:
+        bound = 1 / math.sqrt(tensor.shape[1])
+        gen = torch.Generator().manual_seed(param_seed(seed, name))
+        tensor.copy_(torch.rand(tensor.shape, generator=gen, dtype=torch.float32) * 2 * bound - bound)
+
+
+def base_of(name: str) -> str:
+    """The frozen weight an adapter parameter belongs to."""
+    return name.rsplit(".", 1)[0] + ".weight"
+
+
+@torch.no_grad()
+def store_base(model: nn.Module, base_dtype: str) -> None:
+    """Put every LoRALinear's frozen weight in `base_dtype` (after its values are in place)."""
+    if base_dtype == "float32":
+        return
+    for module in model.modules():
+        if not isinstance(module, LoRALinear):
+            continue
+        w = module.weight.detach()
+        if base_dtype == "bfloat16":
+            stored = w.to(torch.bfloat16)
+        elif base_dtype == "nf4":
+            from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+            stored = to_nf4(w.float(), *nf4_blocks(w.numel()))
+        else:
+            from torchao.quantization import Float8WeightOnlyConfig, quantize_
+            holder = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device)
+            holder.weight.data.copy_(w)
+            quantize_(holder, Float8WeightOnlyConfig())
+            stored = holder.weight.detach()
+        module.weight = nn.Parameter(stored, requires_grad=False)
+
+
+def nf4_blocks(numel: int) -> tuple[int, int]:
+    """(block size, scaler block size) torchao's NF4 takes for a weight of `numel` elements."""
+    block = next(b for b in (NF4_BLOCK, 32, 16, 8, 4, 2, 1) if numel % b == 0)
+    scalers = numel // block
+    return block, next(s for s in range(min(NF4_SCALER_BLOCK, scalers), 0, -1) if scalers % s == 0)
+
+
+def merged_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full fp32 weights of every LoRALinear with its adapter merged in: name.weight -> base + delta."""
+    return {f"{name}.weight": module.base_weight(torch.float32) + module.delta()
+            for name, module in model.named_modules() if isinstance(module, LoRALinear)}
+
+
+def adapter_bytes(model: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if is_adapter(n))

@@ -1,0 +1,89 @@
+"""A training step's forward and backward over its global batch: how many sequences the step takes (the
+final global batch size, or during trainer.rampup_batch_size its ramp size: framework/data/ramp.py), how a
+rank's share of them splits into micro-batches, and trainer.on_oom=retry.
+
+On an out-of-memory error inside a step every rank agrees (a one-flag all-reduce among the hosts after each
+step's forward and backward), forgets the step's gradients, frees cached memory, halves its micro-batches
+(BatchLayout.halved) and runs the step again: the global batch stays, split into more micro-batches, so the
+loss curve is the one the smaller micro-batch gives. At one sequence a micro-batch it stops, naming the memory
+it lacked. The retry is exact where every rank met the error at the same point of the step (identical ranks
+run identical shapes) or after the step's collectives; a rank left waiting inside a collective for a peer that
+failed before it stops at launcher.timeout_s instead.
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+import torch
+
+from framework import faults
+from framework.data.batches import micro_batches
+from framework.data.ramp import BatchSizes
+from framework.loss import cross_entropy
+
+
+class OutOfMemoryAtOneSequence(RuntimeError):
+    """trainer.on_oom=retry got down to micro-batches of one sequence and still ran out of memory."""
+
+
+def lacked(message: str) -> str:
+    """What an out-of-memory message says was missing: CUDA's 'Tried to allocate X ... of which Y is free'."""
+    asked = re.search(r"Tried to allocate ([\d.]+ ?[KMGT]?i?B)", message)
+    free = re.search(r"of which ([\d.]+ ?[KMGT]?i?B) is free", message)
+    if not asked:
+        return message.strip().splitlines()[0][:200] if message.strip() else "no detail"
+    return f"it tried to allocate {asked.group(1)}" + (f" with {free.group(1)} free" if free else "")
+
+
+class StepBatches:
+    def __init__(self, cfg, strategy):
+        t = cfg.trainer
+        self.strategy = strategy
+        self.sizes = BatchSizes(t.global_batch_size, t.rampup_batch_size)
+        self.layout = strategy.batch_layout(cfg, strategy.world_size)     # at the final global batch size
+        self.retry = t.on_oom == "retry"
+        self._planned = None
+
+    def layout_of(self, step: int):
+        """The batch layout of training step `step` (1-based)."""
+        return self.layout.with_global(self.sizes.size(step - 1))
+
+    def record(self, step: int) -> dict:
+        return {"global_batch_size": self.sizes.size(step - 1), "micro_batch_size": self.layout.forward_batch}
+
+    def plan(self, layout) -> None:
+        """Let the strategy make ready for batches of this layout, where it differs from the last one's."""
+        if layout != self._planned:
+            self.strategy.plan_batches(layout)
+            self._planned = layout
+
+    def forward_backward(self, step: int, local: torch.Tensor | None) -> torch.Tensor:
+        """The step's forward and backward over this rank's share `local` (None: a rank that takes no batch)."""
+        s = self.strategy
+        while True:
+            layout = self.layout_of(step)
+            self.plan(layout)
+            failed = None
+            try:
+                loss = s.forward_backward([] if local is None else micro_batches(local, layout.micro_batch),
+                                          cross_entropy)
+                faults.inject("oom", step, micro=layout.forward_batch)
+            except torch.OutOfMemoryError as e:
+                if not self.retry:
+                    raise
+                failed = f"rank {s.rank}: {lacked(str(e))}"
+            if not self.retry or (failed := s.first_report(failed)) is None:
+                return loss
+            loss = None
+            s.drop_step()
+            smaller = self.layout.halved()
+            if smaller is None:
+                raise OutOfMemoryAtOneSequence(f"trainer.on_oom: out of memory at micro-batch 1 in step {step} "
+                                               f"({failed}); make the model take less memory per GPU: "
+                                               f"activation_checkpointing=full, zero=stage3, parallel.tp or parallel.pp")
+            if s.is_main:
+                print(f"warning: trainer.on_oom=retry: out of memory in step {step} at micro-batch "
+                      f"{layout.forward_batch} ({failed}); running it again at micro-batch {smaller.forward_batch} "
+                      f"(trainer.micro_batch_size={smaller.forward_batch} starts there)", file=sys.stderr, flush=True)
+            self.layout = smaller

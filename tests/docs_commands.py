@@ -1,0 +1,120 @@
+"""The commands README.md and the docs site (docs/**/*.md) show, and which test runs each one as written.
+
+A command is a line of a ```bash block that runs the framework (`-m framework`; continuation lines joined,
+comments dropped). Every one of them is run by some test, or says here what it needs that CI lacks:
+
+- RUN_BY: a command holding one of these markers is run by that test file, which asks `run_by(<its own
+  path>)` for the commands it runs (so a page's new command with that marker is run without a test edit);
+- NEEDS: a command holding one of these markers needs a GPU, a cluster or files of the user's;
+- any other `python -m framework ...` training command is run by tests/test_docs_commands.py (2 steps).
+
+tests/test_docs_commands.py fails on a command that none of these covers.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.helpers import REPO
+
+GENERIC = "tests/test_docs_commands.py"
+
+#: marker -> the test that runs every command holding it (the first marker a command holds decides)
+RUN_BY = [
+    ("corpus", "tests/test_docs_corpus.py"),                  # prepare -> train -> generate -> export, in order
+    ("lr_sweep", "tests/test_plots.py"),                      # a sweep, then compare's plot of it
+    ("python -m framework.compare ", "tests/test_plots.py"),
+    ("--plot ", "tests/test_plots.py"),
+    ("python -m framework.plan ", "tests/test_plan.py"),
+    ("python -m framework parallel=auto", "tests/test_plan.py"),
+    ("python -m framework.k8s ", "tests/test_k8s.py"),
+    ("srun python -m framework ", "tests/test_slurm_sbatch.py"),
+    ("--help", "tests/test_config_reference.py"),
+    ("--cfg job", "tests/test_config_reference.py"),
+    ("python -m framework.reference", "tests/test_config_reference.py"),
+    ("logging.trackers=", "tests/test_howto_commands.py"),           # against the session's mlflow server
+    ("trainer.on_oom=", "tests/test_howto_commands.py"),
+    ("trainer.rampup_batch_size=", "tests/test_howto_commands.py"),
+]
+
+#: marker -> what a command holding it needs that CI does not have
+NEEDS = [
+    ("python3 -m venv", "a fresh machine: .ci/run runs the test command, test_torch_requirement holds both to it"),
+    ("torchrun ", "several nodes under torchrun"),
+    ("hydra/launcher=slurm", "a SLURM cluster (tests/test_submitit.py runs the same sweep against a fake sbatch)"),
+    ("data.path=/", "a corpus of the user's"),
+    ("model.pretrained=/", "a model of the user's"),
+    ("model._target_=my_pkg.", "a module of the user's"),
+    ("checkpoint.initial_load=", "weights exported before"),
+    ("outputs/run/", "a checkpoint of the user's"),
+]
+
+
+@dataclass(frozen=True)
+class Command:
+    page: str       # relative to the repository
+    block: int      # which ```bash block of the page, from 0
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def bash_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```bash\n(.*?)^```", path.read_text(), flags=re.S | re.M)
+
+
+def logical_lines(block: str) -> list[str]:
+    """The block's lines with backslash continuations joined and comments dropped (a `#` that starts a
+    word: the shebang and #SBATCH lines are comments too)."""
+    out = []
+    for line in block.replace("\\\n", " ").splitlines():
+        line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()
+        if line:
+            out.append(" ".join(line.split()))
+    return out
+
+
+def commands() -> list[Command]:
+    found = []
+    for path in pages():
+        for i, block in enumerate(bash_blocks(path)):
+            found += [Command(str(path.relative_to(REPO)), i, line) for line in logical_lines(block)
+                      if "-m framework" in line]
+    return found
+
+
+def owner(command: Command | str) -> str | None:
+    """The test file that runs the command, `needs: <what>`, or None where nothing covers it."""
+    text = str(command)
+    for marker, test in RUN_BY:
+        if marker in text:
+            return test
+    for marker, need in NEEDS:
+        if marker in text:
+            return f"needs: {need}"
+    if text == "python -m framework" or text.startswith("python -m framework "):
+        return GENERIC
+    return None
+
+
+def run_by(test_file: str) -> list[Command]:
+    """The commands `test_file` (a path from the repository root, or __file__) runs, in page order, each
+    once."""
+    name = str(Path(test_file).resolve().relative_to(REPO)) if Path(test_file).is_absolute() else test_file
+    seen, out = set(), []
+    for c in commands():
+        if owner(c) == name and c.text not in seen:
+            seen.add(c.text)
+            out.append(c)
+    return out
+
+
+def block_of(command: Command) -> list[str]:
+    """Every command line of the block `command` is in (a block whose lines depend on each other)."""
+    return [line for line in logical_lines(bash_blocks(REPO / command.page)[command.block]) if "-m framework" in line]

@@ -1,0 +1,31 @@
+"""docs/how-to/object-storage.md: its commands run as written, in order, from a directory outside the checkout
+(the training runs shortened to 2 steps), against the session's S3 server standing in for the page's endpoint."""
+import os
+import sys
+
+from framework import storage
+from tests.helpers import REPO, check_ok, run_in_own_session
+from tests.servers import doc_commands, make_bucket
+
+PAGE = REPO / "docs" / "how-to" / "object-storage.md"
+
+
+def test_the_pages_commands_save_resume_export_and_keep_the_best(s3_env, tmp_path, monkeypatch):
+    make_bucket(s3_env, "my-bucket")
+    save, resume, export, best = commands = doc_commands(PAGE)
+    said = {}
+    for command in commands:
+        args = command.split()[2:]
+        shorten = ["trainer.max_steps=2"] if args[0] == "framework" else []
+        proc = run_in_own_session([sys.executable, "-m", *args, *shorten], cwd=tmp_path, timeout=600,
+                                  env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **s3_env})
+        check_ok(proc)
+        said[command] = proc.stdout
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    assert storage.listdir("s3://my-bucket/tiny") == ["step_00000002"]
+    assert "already complete: s3://my-bucket/tiny/step_00000002" in said[resume]    # shortened: nothing left to do
+    assert said[export].startswith("wrote ./tiny-hf from s3://my-bucket/tiny/step_00000002")
+    assert (tmp_path / "tiny-hf" / "model.safetensors").is_file()
+    assert storage.listdir("s3://my-bucket/best") == ["step_00000002"]
+    assert storage.read_text("s3://my-bucket/best/step_00000002/meta.json").count('"val_loss"') == 1

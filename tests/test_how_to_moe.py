@@ -1,0 +1,37 @@
+"""Every `python -m framework ...` line of docs/how-to/moe.md runs as written from a directory other than the
+checkout, shortened to 2 steps, and ends with a finite loss."""
+import json
+import math
+import os
+import re
+import shlex
+import sys
+
+import pytest
+
+from tests.helpers import REPO, run_in_own_session
+
+PAGE = REPO / "docs" / "how-to" / "moe.md"
+SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
+
+
+def page_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
+    return [line.strip() for block in blocks for line in block.splitlines()
+            if line.strip().startswith("python -m framework ")]
+
+
+def test_the_page_shows_commands():
+    assert len(page_commands()) >= 2
+
+
+@pytest.mark.parametrize("command", page_commands())
+def test_page_command_runs(tmp_path, command):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = run_in_own_session([sys.executable, "-m", "framework", *shlex.split(command)[3:], *SHORTEN], cwd=tmp_path,
+                              env=env, timeout=600)
+    assert proc.returncode == 0, f"{command}\n{proc.stderr[-4000:]}"
+    runs = list((tmp_path / "outputs").rglob("metrics.jsonl"))
+    assert len(runs) == 1, runs
+    last = json.loads(runs[0].read_text().splitlines()[-1])
+    assert last["step"] == 2 and math.isfinite(last["loss"]), (command, last)

@@ -1,0 +1,97 @@
+"""launcher.engine=ray against a real Ray cluster this module starts (tests/servers.py): the same jobs as under our
+own launcher give the same losses (ddp x2; fsdp x2 through docs/how-to/ray.md's command for an existing cluster),
+the metrics reach Ray's controller, keep_best keeps the right checkpoints in a bucket that also holds Ray's own
+files, and a bad address is refused in one line before any work. A Ray worker killed mid-run: test_docs_ray."""
+import json
+
+import pytest
+
+from framework.checkpoint.retention import Saved, kept_steps
+from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.servers import RAY_CLIENT_ENV, RayCluster, make_bucket, refused
+from tests.test_docs_ray import EXISTING, shell
+
+EXACT = 1e-6
+RAY = ["launcher.engine=ray"]
+REPORTS = "launcher.ray.callbacks=[tests.fixtures.ray_reports.RecordReports]"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(s3_env, tmp_path_factory):
+    """One Ray cluster for this module's jobs (Ray takes seconds to start), up only while they run; its nodes
+    reach the S3 server. `.address` is its head, `.reports` the file tests.fixtures.ray_reports writes."""
+    cluster = RayCluster(s3_env, tmp_path_factory.mktemp("ray") / "reports.jsonl")
+    yield cluster
+    cluster.stop()
+
+
+def ray_job(ray_cluster, s3_env, run_dir, *args, env=None):
+    return run_framework([*FAST, *RAY, f"launcher.ray.address={ray_cluster.address}", *args], run_dir, timeout=600,
+                         env={**s3_env, **RAY_CLIENT_ENV, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def ddp_on_ray(ray_cluster, s3_env, tmp_path_factory):
+    """ddp x2 on Ray, evaluating and saving every 2 steps into a bucket, keeping the newest and the 2 best by
+    val_loss, every record also passed to a Ray callback."""
+    bucket = make_bucket(s3_env, "ray-ddp")
+    run_dir = tmp_path_factory.mktemp("ray_ddp")
+    proc = ray_job(ray_cluster, s3_env, run_dir, "parallel=ddp", "checkpoint.enabled=true", "checkpoint.interval=2",
+                   "trainer.eval_every=2", "checkpoint.keep_last=1", "checkpoint.keep_best=2",
+                   f"checkpoint.dir={bucket}/ckpt", REPORTS)
+    check_ok(proc)
+    return run_dir, f"{bucket}/ckpt"
+
+
+def test_ddp_under_ray_gives_our_launchers_losses(ddp_on_ray, trained_run):
+    run_dir, _ = ddp_on_ray
+    assert max_rel_diff(losses(trained_run("parallel=ddp")), losses(run_dir)) <= EXACT
+
+
+def test_every_metrics_record_reaches_rays_controller(ddp_on_ray, ray_cluster):
+    run_dir, _ = ddp_on_ray
+    seen = [json.loads(line)["metrics"] for line in ray_cluster.reports.read_text().splitlines()
+            if json.loads(line)["run_dir"] == str(run_dir)]
+    logged = read_metrics(run_dir)
+    assert [(r["step"], r["loss"]) for r in seen] == [(r["step"], r["loss"]) for r in logged]
+    assert [r["val_loss"] for r in seen if "val_loss" in r] == [r["val_loss"] for r in logged if "val_loss" in r]
+
+
+def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_beside_them(ddp_on_ray, s3_env,
+                                                                                        monkeypatch):
+    from framework import storage
+    run_dir, root = ddp_on_ray
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    scored = [Saved(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
+    expected = {f"step_{s:08d}" for s in kept_steps(scored, keep_last=1, keep_best=2)}
+    best = sorted(scored, key=lambda s: s.score)[:2]
+    assert len(scored) == 4 and expected == {f"step_{s.step:08d}" for s in best} | {"step_00000008"}
+    names = storage.listdir(root)
+    assert {n for n in names if n.startswith("step_")} == expected
+    assert all(storage.isfile(storage.join(root, n, "meta.json")) for n in expected)
+    assert [n for n in names if n.startswith("ray-")], f"Ray's own files are not under {root}: {names}"
+
+
+def test_on_an_existing_cluster_the_job_gives_our_launchers_losses(ray_cluster, s3_env, tmp_path, trained_run):
+    """docs/how-to/ray.md's command for an existing cluster (fsdp x2), the tests' FAST settings appended."""
+    make_bucket(s3_env, "my-bucket")
+    proc = shell(EXISTING, tmp_path, {"RAY_HEAD": ray_cluster.address, **s3_env}, *FAST, "hydra.run.dir=run")
+    check_ok(proc)
+    assert max_rel_diff(losses(trained_run("parallel=fsdp", "zero=stage3")), losses(tmp_path / "run")) <= EXACT
+
+
+def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, compose_config):
+    assert refused(compose_config([*FAST, *RAY, "launcher.ray.address=127.0.0.1:1"]), tmp_path / "run") == [
+        "error: launcher.ray.address: 127.0.0.1:1: no Ray cluster answers there (Connection refused)"]
+
+
+@pytest.mark.parametrize("address,said", [("nosuchhost.invalid:6379", "nosuchhost.invalid:6379: no such host"),
+                                          ("just-a-name", "'just-a-name' is not host:port (or ray://host:port)")])
+def test_an_address_that_cannot_be_a_ray_head_is_refused_naming_it(address, said):
+    from framework.errors import ConfigError
+    from framework.launchers.ray import _host_port, _reachable
+    assert _host_port("ray://head:10001") == ("head", 10001) and _host_port("10.0.0.1:6379") == ("10.0.0.1", 6379)
+    with pytest.raises(ConfigError) as refused:
+        _reachable(address)
+    assert str(refused.value).startswith(f"launcher.ray.address: {said}")
