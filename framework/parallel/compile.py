@@ -24,6 +24,7 @@ from torch import nn
 
 from framework.models.spec import ModelSpec
 from framework.parallel.blocks import find_blocks
+from framework.parallel.pipeline import SPLIT_BACKWARD, canonical_name
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,10 @@ def compile_blocks(model: nn.Module, cfg, spec: ModelSpec) -> int:
         return 0
     classes = list(cfg.activation_checkpointing.block_classes) or spec.block_classes(model)
     backend = cfg.trainer.compile_backend
+    if cfg.parallel.get("pp", 1) > 1 and canonical_name(cfg.parallel.pp_schedule) in SPLIT_BACKWARD:
+        # the schedule runs a block's backward graph in two calls (inputs' gradients, then weights'), the first
+        # keeping the graph; AOTAutograd's donated buffers allow one call (as torchtitan sets for these schedules)
+        torch._functorch.config.donated_buffer = False
     if not classes:
         model.forward = _compiled(model.forward, backend)
         return 1

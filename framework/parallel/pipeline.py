@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE = ("GPipe", "1F1B")                 # subclasses of PipelineScheduleSingle: one stage per rank
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+#: schedules that split each backward in two, the inputs' gradients then the weights': a block's backward graph
+#: is run twice (a checkpointed block recomputed twice)
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 #: schedules that run out of work to overlap (and refuse to start) with fewer micro-batches than ranks
 NEED_MICROBATCHES_PER_RANK = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.loss import weighted_micro_batch
-from framework.config.schema import ParallelConfig
+from framework.config.schema import LoraConfig, ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import validate_activation_checkpointing
@@ -197,6 +197,10 @@ class Strategy:
                               f"{cfg.activation_checkpointing.mode} yet")
         if cfg.trainer.compile and cls.compile_note:
             raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
+        if cfg.trainer.compile and cfg.data.get("document_mask"):
+            raise ConfigError("data.document_mask", "packed documents' attention mask (flex_attention's BlockMask) "
+                                                    "does not pass into a compiled block yet; set trainer.compile="
+                                                    "false or data.document_mask=false")
         if not cfg.trainer.compile and cfg.trainer.compile_backend != BACKENDS[0]:
             raise ConfigError("trainer.compile_backend", "applies to trainer.compile=true; set it, or drop "
                                                          "trainer.compile_backend")
@@ -233,8 +237,14 @@ class Strategy:
 
     @classmethod
     def check_adapters(cls, cfg) -> None:
-        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype."""
+        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype; without it
+        no other lora key may differ from its default (it would be silently ignored)."""
         if not cfg.lora.enabled:
+            for f in dataclasses.fields(LoraConfig):
+                if f.name != "enabled" and cfg.lora[f.name] != (f.default_factory() if f.default_factory
+                                                                 is not dataclasses.MISSING else f.default):
+                    raise ConfigError(f"lora.{f.name}", f"applies to adapters, and lora.enabled=false trains none; "
+                                                        f"set lora.enabled=true or drop lora.{f.name}")
             return
         from framework.strategies.registry import all_strategy_classes
         if not cls.adapter_base_dtypes:

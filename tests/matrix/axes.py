@@ -37,6 +37,8 @@ class Axis:
 
 
 def _yaml(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ",".join(_yaml(v) for v in value) + "]"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -56,8 +58,9 @@ def _crossed_fields(schema: type, prefix: str, found: dict[str, tuple]) -> None:
         marked = next((base.__dataclass_fields__[f.name].metadata[KEY] for base in schema.__mro__
                        if f.name in getattr(base, "__dataclass_fields__", {})
                        and KEY in base.__dataclass_fields__[f.name].metadata), None)
-        if marked is not None:
-            found.setdefault(key, tuple(dict.fromkeys((*found.get(key, ()), *marked))))
+        if marked is not None:      # a list value (trainer.rampup_batch_size) as a tuple: values are hashed
+            marked = tuple(tuple(v) if isinstance(v, list) else v for v in marked)
+            found[key] = tuple(dict.fromkeys((*found.get(key, ()), *marked)))
         kind = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(kind):
             _crossed_fields(type(kind), key + ".", found)

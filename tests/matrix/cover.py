@@ -41,11 +41,20 @@ class Plan:
 
     @classmethod
     def from_json(cls, axes: list[Axis], data: dict) -> "Plan":
-        plan = cls(axes, jobs=[dict(j) for j in data.get("jobs", [])])
+        plan = cls(axes, jobs=[_frozen_job(j) for j in data.get("jobs", [])])
         for entry in data.get("refused", []):
-            pair = tuple(tuple(v) for v in entry["pair"])
-            plan.refused[pair] = (entry["reason"], dict(entry["job"]))
+            pair = tuple((k, _frozen(v)) for k, v in entry["pair"])
+            plan.refused[pair] = (entry["reason"], _frozen_job(entry["job"]))
         return plan
+
+
+def _frozen(value):
+    """A value read back from JSON as the axes hold it: a list (trainer.rampup_batch_size) as a tuple."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _frozen_job(job: dict) -> dict:
+    return {k: _frozen(v) for k, v in job.items()}
 
 
 def _plain(job: dict) -> dict:

@@ -10,12 +10,15 @@ from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
 from tests.matrix.run import run_sweep
 
-#: every run saves at steps 2 and 4 (BASE runs 4): the final parameters are compared, step 2 is resumed
-SAVES = ("checkpoint.enabled=true", "checkpoint.interval=2")
+#: every run saves its last step (BASE runs 4), whose parameters are compared; a job chosen to resume also
+#: saves step 2, which it resumes from
+SAVES = ("checkpoint.enabled=true",)
+MID_RUN = ("checkpoint.interval=2",)
 RESUME_FROM = "step_00000002"
 #: what a reference keeps of its job: what is trained (the model) and in what arithmetic (the precision);
 #: every other option is how, and must not change the result beyond its parity tolerance
-REFERENCE_KEYS = ("model", "precision", "precision.float8_emulate", "precision.float8_recipe")
+REFERENCE_KEYS = ("model", "precision", "precision.float8_emulate", "precision.float8_recipe", "lora.enabled",
+                  "lora.dora", "lora.base_dtype", "data.document_mask", "trainer.rampup_batch_size")
 
 
 @dataclass
@@ -53,8 +56,9 @@ def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Ex
         assert oracle.verdict(ref) is None, f"the reference {ref} of {job} is refused: {oracle.verdict(ref)}"
         if ref not in references:
             references.append(ref)
+    chosen = resumed_jobs(plan)
     commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
-               [oracle.overrides(j) + list(SAVES) for j in plan.jobs]
+               [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)]
     dirs, proc = run_sweep(commands, root / "first", timeout)
     failures = [f"{d}: {proc.returncode}" for d in dirs if not (d / "metrics.jsonl").exists()]
     ref_dirs, job_dirs = dirs[:len(references)], dirs[len(references):]
@@ -63,8 +67,7 @@ def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Ex
         executed.failures = failures or [f"the sweep exited {proc.returncode}"]
         executed.failures.append(proc.stderr[-6000:])
         return executed
-    chosen = resumed_jobs(plan)
-    resumes = [oracle.overrides(plan.jobs[i]) + list(SAVES) +
+    resumes = [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
                [f"checkpoint.resume={job_dirs[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
     dirs, proc = run_sweep(resumes, root / "resumed", timeout)
     executed.resumed = dict(zip(chosen, dirs))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import yaml
+
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -18,7 +20,7 @@ from tests.matrix.axes import Axis
 
 #: what every matrix job runs: a few thousand parameters, 4 steps of 8 sequences of 32 tokens
 BASE = ("data.seq_len=32", "trainer.max_steps=4", "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
-        "trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.tensorboard=false",
+        "trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]",
         "scheduler.warmup_steps=1")
 #: the most ranks a matrix job may have (a cost rule of the matrix, not a refusal of the framework's)
 MAX_WORLD = 4
@@ -99,4 +101,5 @@ class Oracle:
 
 
 def yaml_value(text: str):
-    return OmegaConf.create({"v": text}).v if text not in ("null",) else None
+    """An override's value as Hydra's parser reads it (a number, a bool, null, a list, else the string)."""
+    return yaml.safe_load(text)
