@@ -71,19 +71,28 @@ def remove_if_only_hydra_files(run_dir: str) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def admit(cfg: DictConfig, run_dir: str | None = None, explicit: set[str] | None = None):
+    """Everything decided before any worker exists, in order: the layout (parallel=auto's pick), the
+    strategy, the dataset's own facts, the world size, every validation rule, the memory plan and the engine's
+    own checks. Completes cfg with what it derives; returns (strategy class, world size, engine); raises
+    ConfigError."""
+    sweep_gpus.for_this_point(cfg)     # before any device count: a concurrent sweep point's own GPUs
+    if cfg.parallel.name == "auto":
+        choose_auto_layout(cfg)
+    strategy_cls = strategy_class(cfg.parallel.name)
+    apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
+    world_size = world_size_for(cfg, strategy_cls)
+    validate(cfg, world_size, strategy_cls, run_dir, explicit)
+    check_the_plan(cfg, world_size)
+    engine = engine_class(cfg.launcher.engine)(cfg, strategy_cls, world_size)
+    engine.check()
+    return strategy_cls, world_size, engine
+
+
 def run(cfg: DictConfig, run_dir: str) -> float | None:
     """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
-        sweep_gpus.for_this_point(cfg)     # before any device count: a concurrent sweep point's own GPUs
-        if cfg.parallel.name == "auto":
-            choose_auto_layout(cfg)
-        strategy_cls = strategy_class(cfg.parallel.name)
-        apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
-        world_size = world_size_for(cfg, strategy_cls)
-        validate(cfg, world_size, strategy_cls, run_dir)
-        check_the_plan(cfg, world_size)
-        engine = engine_class(cfg.launcher.engine)(cfg, strategy_cls, world_size)
-        engine.check()
+        strategy_cls, world_size, engine = admit(cfg, run_dir)
         if is_rank_zero():       # the rank that logs: it must reach the trackers
             cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
             trackers.probe(cfg)

@@ -9,10 +9,12 @@ bf16/fp16 sections) build the plug-in with autocast=False and keep only its loss
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
 from framework import devices
@@ -49,6 +51,13 @@ def validate_precision(cfg) -> None:
                                        f"use precision={alternative}")
     if p.name == "float8":
         validate_float8(p, kind)
+    else:
+        defaults = {f.name: f.default for f in dataclasses.fields(OmegaConf.get_type(p))} if OmegaConf.is_config(p) \
+            else {}
+        for key in ("float8_recipe", "float8_emulate"):
+            if key in defaults and p[key] != defaults[key]:
+                raise ConfigError(f"precision.{key}", f"applies to precision=float8, not precision={p.name}; drop it "
+                                                      f"or set precision=float8")
     if p.name == "fp16":
         if p.init_scale <= 0 or p.growth_factor <= 1 or not 0 < p.backoff_factor < 1 or p.growth_interval <= 0:
             raise ConfigError("precision", "loss scaling needs init_scale > 0, growth_factor > 1, "

@@ -110,8 +110,23 @@ def mlflow_server(tmp_path_factory):
         log.close()
 
 
+@pytest.fixture(scope="session")
+def s3_env():
+    """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
+    from tests.servers import start_s3_server
+    server, env = start_s3_server()
+    yield env
+    server.stop()
+
+
 def pytest_terminal_summary(terminalreporter):
-    """tests/test_planted_bugs.py's report: each planted bug and the tests that caught it."""
+    """What the combination matrix covered and refused (tests/test_matrix.py), and tests/test_planted_bugs.py's
+    report: each planted bug and the tests that caught it."""
+    from tests.matrix import report
+    if report.LINES:
+        terminalreporter.section("combination matrix")
+        for line in report.LINES:
+            terminalreporter.write_line(line)
     planted = sys.modules.get("tests.test_planted_bugs")
     if planted is None or not planted.CAUGHT:
         return
@@ -120,12 +135,3 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{bug}: " + ("NOT CAUGHT" if not caught else ""))
         for test, how in caught.items():
             terminalreporter.write_line(f"    {test}: {how}")
-
-
-@pytest.fixture(scope="session")
-def s3_env():
-    """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
-    from tests.servers import start_s3_server
-    server, env = start_s3_server()
-    yield env
-    server.stop()

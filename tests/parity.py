@@ -193,6 +193,11 @@ def _parameters(step_dir: Path) -> dict:
     return READERS[read_meta(str(step_dir))["format"]](str(step_dir))
 
 
+def _plain(tensor):
+    """A quantized frozen weight (torchao's NF4Tensor under lora.base_dtype=nf4) as the values it stands for."""
+    return tensor.get_original_weight() if hasattr(tensor, "get_original_weight") else tensor
+
+
 def _parameter_diffs(run_ckpt: Path, ref_ckpt: Path) -> dict[str, tuple[float, float]]:
     """name -> (norm of the difference, norm of the reference tensor) for every parameter."""
     got, want = _parameters(run_ckpt), _parameters(ref_ckpt)
@@ -200,7 +205,7 @@ def _parameter_diffs(run_ckpt: Path, ref_ckpt: Path) -> dict[str, tuple[float, f
                                    f"{sorted(set(got) ^ set(want))[:5]}")
     out = {}
     for name in sorted(want):
-        a, b = got[name].detach().double(), want[name].detach().double()
+        a, b = (_plain(t).detach().double() for t in (got[name], want[name]))
         assert a.shape == b.shape, f"parameter {name}: shape {tuple(a.shape)} vs reference {tuple(b.shape)}"
         out[name] = (float((a - b).norm()), float(b.norm()))
     return out

@@ -167,7 +167,7 @@ def test_seed_example_fp16_is_refused_on_cpu_even_when_everything_else_agrees(co
     (["zero=stage2", "zero.offload_optimizer=true", "parallel.nvme_path=/no/such/dir"], "parallel.nvme_path: no such directory"),
     (["parallel.nvme_path=/tmp"], "parallel.nvme_path: is used only with"),
     (["parallel.ds_config=/no/such.json"], "parallel.ds_config: no such file"),
-    (["parallel.dp_shard=2"], "parallel.dp_shard: parallel=deepspeed data-parallelises over all ranks"),
+    (["parallel.dp_shard=2"], "parallel.dp_shard: parallel=deepspeed has no dp_shard dimension (every rank is a data-parallel one)"),
     (["parallel.tp=2"], "parallel.tp: parallel=deepspeed has no tp dimension"),
 ])
 def test_invalid_options_name_the_key(composer, args, expected):

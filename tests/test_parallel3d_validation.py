@@ -28,7 +28,7 @@ CASES = {
 IN_PROCESS_CASES = {
     "too_few_microbatches_for_1f1b": (["parallel.pp=4", "parallel.tp=1", "parallel.dp_shard=1", "model.n_layers=4",
                                        "parallel.pp_microbatches=2"], "parallel.pp_microbatches",
-                                      "needs at least 4 micro-batches with pp=4, got 2"),
+                                      "needs at least 4 micro-batches with parallel.pp=4, got 2"),
     "virtual_stages_on_single_stage_schedule": (["parallel.pp_schedule=GPipe", "parallel.pp_virtual_stages=2"],
                                                 "parallel.pp_virtual_stages", "one stage per rank"),
     "batch_share_not_divisible_into_microbatches": (["parallel.pp_microbatches=3"], "parallel.pp_microbatches",

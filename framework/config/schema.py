@@ -24,6 +24,9 @@ from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
+from framework.parallel.activation_checkpointing import MODES as AC_MODES
+from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
+from framework.parallel.pipeline import SCHEDULES as PP_SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 
 
@@ -39,14 +42,16 @@ class ParallelConfig:
     """Options every strategy understands; strategies subclass it with their own knobs."""
     name: str = MISSING                     # the strategy; set by the group option (parallel=<name>)
     # data-parallel replica groups (HSDP: sharded inside a group, replicated across); -1 = the rest
-    dp_replicate: int = 1
+    dp_replicate: int = crossed(1, 2)
     dp_shard: int = 1                       # ranks a parameter is sharded over (FSDP2); -1 = the rest of the world size
     tp: int = crossed(1, 2)                 # tensor-parallel degree (parallel=3d)
     pp: int = crossed(1, 2)                 # pipeline stages (parallel=3d)
     # GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | DualPipeV
-    pp_schedule: str = "1F1B"
+    pp_schedule: str = crossed("1F1B", *(s for s in PP_SCHEDULES if s != "1F1B"))
     pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
-    pp_virtual_stages: int = 1              # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
+    # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
+    pp_virtual_stages: int = crossed(1, 2)
+    cp: int = crossed(1, 2)                 # context parallel: ranks that split every sequence (parallel=3d)
     # tp > 1: norms and residual activations sharded over the tp ranks along the sequence
     sequence_parallel: bool = crossed(False, True)
     ep: int = crossed(1, 2)                            # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
@@ -74,8 +79,8 @@ class PrecisionConfig:
     param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
-    float8_recipe: OneOf[FLOAT8_RECIPES] = "tensorwise"   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
-    float8_emulate: bool = False        # float8: emulate the float8 matmuls (numerics only: tests, CPU)
+    float8_recipe: OneOf[FLOAT8_RECIPES] = crossed("tensorwise", *FLOAT8_RECIPES[1:])   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
+    float8_emulate: bool = crossed(False, True)       # float8: emulate the float8 matmuls (numerics only: tests, CPU)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0             # fp16: the first loss scale (torch.amp.GradScaler)
     growth_factor: float = 2.0              # fp16: the loss scale grows by this after growth_interval finite steps
@@ -87,7 +92,7 @@ class PrecisionConfig:
 class ActivationCheckpointingConfig:
     # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept).
     # A str, not a OneOf: validation refuses the old value `selective` naming its successors.
-    mode: str = "none"
+    mode: str = crossed("none", *(m for m in AC_MODES if m != "none"))
     every_n_layers: int = 2     # layer: checkpoint every Nth block
     save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
     save_every_nth_matmul: int = crossed(1, 2) # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
@@ -204,6 +209,9 @@ class TrainerConfig:
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
     deterministic: bool = crossed(False, True)        # GPU runs repeat exactly (slower kernels); CPU runs always do
     compile: bool = crossed(False, True)              # torch.compile each block (torch-native strategies); compile_time logged apart
+    # trainer.compile's torch.compile backend: inductor (fused kernels), or aot_eager / eager, which trace the same
+    # graphs without generating code (to tell whether a failure is inductor's, and to check composition cheaply)
+    compile_backend: OneOf[COMPILE_BACKENDS] = "inductor"
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 

@@ -295,6 +295,10 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
     if c.async_save and not strategy_cls.supports_async_save:
         raise ConfigError("checkpoint.async_save", f"parallel={strategy_cls.name} saves through its own engine, "
                                                    f"not in the background; set checkpoint.async_save=false")
+    if c.async_save and cfg.get("lora") is not None and cfg.lora.enabled and cfg.lora.base_dtype == "nf4":
+        raise ConfigError("checkpoint.async_save", "a background save stages a copy of every tensor, which torchao's "
+                                                   "NF4Tensor (lora.base_dtype=nf4) cannot make; set "
+                                                   "checkpoint.async_save=false")
     validate_retention(cfg)
     validate_storage(cfg, strategy_cls, probe=run_dir is not None)
     try:

@@ -38,9 +38,16 @@ class TorchEngine(Engine):
                           self.placement)
             return
         from framework.worker import run_worker
-        if isinstance(self.placement, Worker):
-            os.environ.update(self.placement.torch_env())
-        run_worker(self.cfg, run_dir)
+        environ = dict(os.environ)
+        try:
+            if isinstance(self.placement, Worker):
+                os.environ.update(self.placement.torch_env())
+            run_worker(self.cfg, run_dir)
+        finally:
+            # the next point of a sweep must not find this job's world (join_one_process_world's WORLD_SIZE=1
+            # made a later 4-rank point a rank of a world of one)
+            os.environ.clear()
+            os.environ.update(environ)
 
 
 def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()) -> None:

@@ -63,20 +63,30 @@ def _forward_function_modes() -> list:
     return [m for m in _get_current_function_mode_stack() if not isinstance(m, DeviceContext)]
 
 
-@contextlib.contextmanager
-def _within(context, modes: list):
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(context)
-        for mode in modes:
-            stack.enter_context(mode)
-        yield
+class _Within:
+    """`context` with the forward's torch-function modes entered too: a new stack each time it is entered, since a
+    split backward (a zero-bubble pipeline's inputs, then weights) recomputes a block twice."""
+
+    def __init__(self, context, modes: list):
+        self.context, self.modes = context, modes
+
+    def __enter__(self):
+        self.stack = contextlib.ExitStack()
+        self.stack.enter_context(self.context)
+        for mode in self.modes:
+            self.stack.enter_context(mode)
+
+    def __exit__(self, *exc):
+        return self.stack.__exit__(*exc)
 
 
 def _checkpointed_forward(forward, make_policy):
     def contexts(modes):
         forward_ctx, recompute_ctx = (create_selective_checkpoint_contexts(make_policy()) if make_policy
                                       else (contextlib.nullcontext(), contextlib.nullcontext()))
-        return forward_ctx, _within(recompute_ctx, modes)
+        if not modes:       # what torch.compile requires: the two dispatch modes themselves
+            return forward_ctx, recompute_ctx
+        return forward_ctx, _Within(recompute_ctx, modes)
 
     @functools.wraps(forward)
     def run(*args, **kwargs):

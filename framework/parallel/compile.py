@@ -21,18 +21,22 @@ import logging
 
 import torch
 from torch import nn
-from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor
-from torch.utils._pytree import tree_map_only
 
 from framework.models.spec import ModelSpec
 from framework.parallel.blocks import find_blocks
+from framework.parallel.pipeline import SPLIT_BACKWARD, canonical_name
 
 log = logging.getLogger(__name__)
 
+#: trainer.compile_backend: torch.compile backends (inductor generates kernels; the others only trace)
+BACKENDS = ("inductor", "aot_eager", "eager")
 
-def _compiled(forward):
+
+def _compiled(forward, backend: str):
     """torch.compile(forward), called with every pending collective in its inputs waited on."""
-    compiled = torch.compile(forward)
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor, wait_tensor   # in the worker only
+    from torch.utils._pytree import tree_map_only
+    compiled = torch.compile(forward, backend=backend)
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
@@ -46,10 +50,15 @@ def compile_blocks(model: nn.Module, cfg, spec: ModelSpec) -> int:
     if not cfg.trainer.compile:
         return 0
     classes = list(cfg.activation_checkpointing.block_classes) or spec.block_classes(model)
+    backend = cfg.trainer.compile_backend
+    if cfg.parallel.get("pp", 1) > 1 and canonical_name(cfg.parallel.pp_schedule) in SPLIT_BACKWARD:
+        # the schedule runs a block's backward graph in two calls (inputs' gradients, then weights'), the first
+        # keeping the graph; AOTAutograd's donated buffers allow one call (as torchtitan sets for these schedules)
+        torch._functorch.config.donated_buffer = False
     if not classes:
-        model.forward = _compiled(model.forward)
+        model.forward = _compiled(model.forward, backend)
         return 1
     blocks = find_blocks(model, classes)
     for _, block in blocks:
-        block.forward = _compiled(block.forward)
+        block.forward = _compiled(block.forward, backend)
     return len(blocks)

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE = ("GPipe", "1F1B")                 # subclasses of PipelineScheduleSingle: one stage per rank
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+#: schedules that split each backward in two, the inputs' gradients then the weights': a block's backward graph
+#: is run twice (a checkpointed block recomputed twice)
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 #: schedules that run out of work to overlap (and refuse to start) with fewer micro-batches than ranks
 NEED_MICROBATCHES_PER_RANK = ("1F1B", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -60,11 +63,11 @@ def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatc
     if virtual < 1:
         raise ConfigError("parallel.pp_virtual_stages", f"must be at least 1, got {virtual}")
     if single and virtual != 1:
-        raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} runs one stage per rank, got "
+        raise ConfigError("parallel.pp_virtual_stages", f"parallel.pp_schedule={name} runs one stage per rank, got "
                                                         f"{virtual}; use Interleaved1F1B, LoopedBFS or "
                                                         f"InterleavedZeroBubble for virtual stages")
     if v_shaped and virtual != 2:
-        raise ConfigError("parallel.pp_virtual_stages", f"pp_schedule={name} places exactly 2 stages per rank "
+        raise ConfigError("parallel.pp_virtual_stages", f"parallel.pp_schedule={name} places exactly 2 stages per rank "
                                                         f"(V shape), got {virtual}")
     stages = pp * virtual
     if n_layers % stages:
@@ -72,13 +75,13 @@ def validate_pipeline(name: str, pp: int, virtual: int, n_layers: int, microbatc
                                             f"{pp} x {virtual} = {stages} equal stages")
     need = min_microbatches(name, pp, virtual)
     if microbatches < need:
-        raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} needs at least {need} micro-batches "
-                                                      f"with pp={pp}, got {microbatches}")
+        raise ConfigError("parallel.pp_microbatches", f"parallel.pp_schedule={name} needs at least {need} micro-batches "
+                                                      f"with parallel.pp={pp}, got {microbatches}")
     if not single:
         rounds = max(1, microbatches // pp)
         if microbatches % rounds:
-            raise ConfigError("parallel.pp_microbatches", f"pp_schedule={name} runs micro-batches in rounds of "
-                                                          f"pp={pp}: {microbatches} is not a multiple of "
+            raise ConfigError("parallel.pp_microbatches", f"parallel.pp_schedule={name} runs micro-batches in rounds of "
+                                                          f"parallel.pp={pp}: {microbatches} is not a multiple of "
                                                           f"{rounds} rounds; use a multiple of {pp}")
 
 

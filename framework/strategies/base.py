@@ -6,6 +6,7 @@ run in the launching process before any worker or process group exists.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
@@ -16,12 +17,13 @@ from torch import nn
 
 from framework.errors import ConfigError
 from framework.loss import weighted_micro_batch
-from framework.config.schema import ParallelConfig
+from framework.config.schema import LoraConfig, ParallelConfig
 from framework.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.metrics.memory import local_bytes
 from framework.parallel.activation_checkpointing import validate_activation_checkpointing
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.build_order import checkpoint_compile_wrap
+from framework.parallel.compile import BACKENDS
 from framework.parallel.float8 import convert_float8
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.process_group import init_default_group
@@ -30,6 +32,9 @@ from framework.precision import build_precision, validate_precision
 if TYPE_CHECKING:
     from framework.models.factory import ModelFactory
 
+#: the degrees of parallel.* (framework.parallel.mesh.DIMS, by kind)
+DATA_PARALLEL_DIMS = ("dp_replicate", "dp_shard")
+MODEL_PARALLEL_DIMS = ("tp", "pp", "cp", "ep")
 ZERO_NAMES = {0: "none", 1: "stage1", 2: "stage2", 3: "stage3"}
 #: the one vocabulary (docs/design/index.md): what each zero stage keeps one shard of per data-parallel rank
 ZERO_SHARDS: dict[int, frozenset[str]] = {0: frozenset(), 1: frozenset({"optimizer"}),
@@ -82,6 +87,8 @@ class Strategy:
 
     #: parallel dims beyond data parallelism that this strategy has (the others must stay 1)
     model_parallel_dims: tuple[str, ...] = ()
+    #: data-parallel degrees it takes from parallel.* (none: every rank is a data-parallel one)
+    data_parallel_dims: tuple[str, ...] = ()
     #: why a precision is missing from `precisions`, added to the error
     precision_note = ""
     #: why trainer.compile cannot work under this strategy ("" = it can)
@@ -190,12 +197,39 @@ class Strategy:
                               f"{cfg.activation_checkpointing.mode} yet")
         if cfg.trainer.compile and cls.compile_note:
             raise ConfigError("trainer.compile", f"parallel={cls.name} cannot use trainer.compile: {cls.compile_note}")
+        if cfg.trainer.compile and cfg.data.get("document_mask"):
+            raise ConfigError("data.document_mask", "packed documents' attention mask (flex_attention's BlockMask) "
+                                                    "does not pass into a compiled block yet; set trainer.compile="
+                                                    "false or data.document_mask=false")
+        if not cfg.trainer.compile and cfg.trainer.compile_backend != BACKENDS[0]:
+            raise ConfigError("trainer.compile_backend", "applies to trainer.compile=true; set it, or drop "
+                                                         "trainer.compile_backend")
+        cls.refuse_unused_parallel_options(cfg.parallel)
         cls.check_adapters(cfg)
-        for key in ("tp", "pp", "ep"):
-            if key not in cls.model_parallel_dims and getattr(cfg.parallel, key) != 1:
-                raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension "
-                                                      f"(got {getattr(cfg.parallel, key)}); parallel=3d does")
         cls.check(cfg, world_size)
+
+    @classmethod
+    def refuse_unused_parallel_options(cls, p) -> None:
+        """A degree, pipeline or sequence-parallel setting this strategy would not read is refused, never
+        silently ignored (parallel.* is shared by every strategy's schema)."""
+        from framework.strategies.registry import all_strategy_classes
+        defaults = {f.name: f.default for f in dataclasses.fields(ParallelConfig)}
+        dims = (*cls.data_parallel_dims, *cls.model_parallel_dims)
+        for key in (*DATA_PARALLEL_DIMS, *MODEL_PARALLEL_DIMS):
+            if key not in dims and p[key] != defaults[key]:
+                having = [n for n, c in all_strategy_classes().items() if key in (*c.data_parallel_dims,
+                                                                                  *c.model_parallel_dims)]
+                every = " (every rank is a data-parallel one)" if key in DATA_PARALLEL_DIMS else ""
+                raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension{every}, got "
+                                                      f"{p[key]}; parallel={' or '.join(having)} does")
+        if p.pp == 1:
+            for key in ("pp_schedule", "pp_virtual_stages", "pp_microbatches"):
+                if p[key] != defaults[key]:
+                    raise ConfigError(f"parallel.{key}", f"applies to a pipeline, and parallel.pp=1 has none; "
+                                                          f"set parallel.pp (parallel=3d) or drop parallel.{key}")
+        if p.sequence_parallel and p.tp == 1:
+            raise ConfigError("parallel.sequence_parallel", "splits the sequence among tensor-parallel ranks, and "
+                                                            "parallel.tp=1 has none; set parallel.tp (parallel=3d)")
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
@@ -203,8 +237,14 @@ class Strategy:
 
     @classmethod
     def check_adapters(cls, cfg) -> None:
-        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype."""
+        """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype; without it
+        no other lora key may differ from its default (it would be silently ignored)."""
         if not cfg.lora.enabled:
+            for f in dataclasses.fields(LoraConfig):
+                if f.name != "enabled" and cfg.lora[f.name] != (f.default_factory() if f.default_factory
+                                                                 is not dataclasses.MISSING else f.default):
+                    raise ConfigError(f"lora.{f.name}", f"applies to adapters, and lora.enabled=false trains none; "
+                                                        f"set lora.enabled=true or drop lora.{f.name}")
             return
         from framework.strategies.registry import all_strategy_classes
         if not cls.adapter_base_dtypes:

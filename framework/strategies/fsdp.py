@@ -23,10 +23,9 @@ from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 @dataclass
 class FSDPOptions(ParallelConfig):
     name: str = "fsdp"
-    dp_replicate: int = 1
-    dp_shard: int = -1
+    dp_replicate: int = 1                # HSDP replica groups; -1 = the rest of the world size
+    dp_shard: int = crossed(-1, 1, 2)    # ranks a parameter is sharded over; -1 = the rest of the world size
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
-    cp: int = crossed(1, 2)                # context parallel: ranks that split every sequence (parallel=3d)
 
 
 def sharded_dims(cfg, world_size: int) -> ParallelDims:
@@ -72,6 +71,7 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
     precisions = ("fp32", "bf16", "fp16", "float8")
     activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
+    data_parallel_dims = ("dp_replicate", "dp_shard")
     worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
     # what the planner reads: every micro-batch's backward reduce-scatters its gradients
     reduces_every_micro_batch = True
@@ -104,10 +104,6 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
 
     @classmethod
     def check(cls, cfg, world_size: int) -> None:
-        if cfg.parallel.cp != 1:
-            raise ConfigError("parallel.cp", f"parallel=fsdp does not split sequences; context parallelism is a "
-                                             f"dimension of parallel=3d: parallel=3d parallel.tp=1 parallel.pp=1 "
-                                             f"parallel.cp={cfg.parallel.cp} shards over dp x cp as fsdp does")
         ParallelDims.from_config(cfg.parallel, world_size)
         if cfg.zero.offload_optimizer and not cfg.zero.offload_params:
             raise ConfigError("zero.offload_optimizer", "parallel=fsdp offloads parameters, gradients and "

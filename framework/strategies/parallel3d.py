@@ -31,7 +31,7 @@ from framework.models.spec import spec_for
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
-from framework.parallel.pipeline import build_schedule, canonical_name, stage_ids, validate_pipeline
+from framework.parallel.pipeline import SPLIT_BACKWARD, build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.strategies.base import AutoLayout, TorchStrategy
 from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, UnitSharded
 
@@ -70,7 +70,8 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
     # need loss scaling inside the pipeline schedule's own backward, which torch's schedules do not expose.
     precisions = ("fp32", "bf16", "float8")
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
-    model_parallel_dims = ("tp", "pp", "ep")
+    model_parallel_dims = ("tp", "pp", "cp", "ep")
+    data_parallel_dims = ("dp_replicate", "dp_shard")
     worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
     # what the planner reads: gradients reduced once a step, at the last micro-batch (or pipeline backward)
     reduces_every_micro_batch = False
@@ -193,6 +194,34 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         if dims.pp > 1:
             validate_pipeline(p.pp_schedule, dims.pp, p.pp_virtual_stages, spec.num_layers(model),
                               cls.batch_layout(cfg, world_size).pipeline_microbatches)
+            split = canonical_name(p.pp_schedule) in SPLIT_BACKWARD
+            # torch's eval() of these schedules still runs their split-backward actions and fails
+            forward_only = [(key, why) for key, why in (
+                ("trainer.eval_every", cfg.trainer.eval_every > 0),
+                ("trainer.sample_every", cfg.trainer.sample_every > 0),
+                ("model.balance", spec.batch_statistics(model) is not None)) if why]
+            if split and forward_only:
+                key = forward_only[0][0]
+                what = ("aux_loss counts the experts' loads over the global batch in a forward-only pass"
+                        if key == "model.balance" else "runs forward-only passes")
+                raise ConfigError(key, f"{what}, which parallel.pp_schedule={p.pp_schedule} cannot run "
+                                       f"(torch runs its split backward there too); use pp_schedule=1F1B, "
+                                       f"Interleaved1F1B, GPipe or LoopedBFS, or "
+                                       + ("model.balance=bias" if key == "model.balance" else f"{key}=0"))
+            # a checkpointed region (a block, a loss chunk) is recomputed in the first half of a split backward
+            # and its saved tensors are gone in the second: torch's checkpoint serves one backward
+            recomputed = [key for key, on in (
+                ("activation_checkpointing.mode", cfg.activation_checkpointing.mode != "none"),
+                ("model.loss_chunk_tokens", bool(model.get("loss_chunk_tokens")))) if on]
+            if split and recomputed:
+                raise ConfigError(recomputed[0], f"recomputes in backward, and parallel.pp_schedule={p.pp_schedule} "
+                                                 f"splits each backward in two (inputs, then weights), which "
+                                                 f"torch's checkpoint cannot serve; use pp_schedule=1F1B, "
+                                                 f"Interleaved1F1B, GPipe or LoopedBFS, or drop {recomputed[0]}")
+        if cfg.trainer.compile and dims.cp > 1:
+            raise ConfigError("parallel.cp", "context parallelism's causal attention bias (a tensor subclass) does "
+                                             "not pass into a compiled block yet; set trainer.compile=false or "
+                                             "parallel.cp=1")
         else:
             canonical_name(p.pp_schedule)
 

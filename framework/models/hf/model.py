@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
+from framework.loss import deferred_logits
 from framework.models.documents import positions_in_documents
 from framework.models.moe.balance import with_aux_loss
 
@@ -26,6 +27,17 @@ def require_transformers():
         raise ConfigError("model", "model=hf needs the transformers package, which is not installed; "
                                    "pip install 'framework[hf]'") from None
     return transformers
+
+
+def head_not_deferrable(hf_cfg) -> str | None:
+    """Why the loss cannot project this architecture's hidden states itself (None: it can: its logits are its
+    output embedding applied to the base model's last hidden states, as in Llama, GPT-2, Qwen, Mistral)."""
+    if getattr(hf_cfg, "output_router_logits", False):
+        return "its router loss is computed from the logits inside its own head"
+    for key in ("final_logit_softcapping", "logit_scale"):
+        if getattr(hf_cfg, key, None):
+            return f"its head applies {key} to the logits"
+    return None
 
 
 def hf_config_of(pretrained: Optional[str], config: Optional[str]):
@@ -52,10 +64,13 @@ def parameters_on_meta():
 
 
 class HFCausalLM(nn.Module):
-    def __init__(self, pretrained: Optional[str] = None, config: Optional[str] = None, load_weights: bool = True):
+    def __init__(self, pretrained: Optional[str] = None, config: Optional[str] = None, load_weights: bool = True,
+                 loss_chunk_tokens: int = 0):
         """`load_weights=False` builds `pretrained`'s architecture without reading its weights (the caller
-        fills them, e.g. each rank its own shards)."""
+        fills them, e.g. each rank its own shards). `loss_chunk_tokens` > 0: in training, return the last
+        hidden states and leave the output embedding to the loss, chunk by chunk (framework/loss.py)."""
         super().__init__()
+        self.loss_chunk_tokens = loss_chunk_tokens
         transformers = require_transformers()
         # Under a meta device (the planner's shapes-only build) transformers refuses from_pretrained;
         # the config alone gives the same modules and shapes.
@@ -74,6 +89,9 @@ class HFCausalLM(nn.Module):
         transformers builds the same block-causal attention (its packed-sequence masks)."""
         config = self.model.config
         extra = {} if documents is None else {"position_ids": positions_in_documents(documents)}
+        if self.training and self.loss_chunk_tokens:
+            hidden = self.model.base_model(input_ids=tokens, use_cache=False, **extra).last_hidden_state
+            return deferred_logits(hidden, self.model.get_output_embeddings(), self.loss_chunk_tokens)
         if not (self.training and getattr(config, "output_router_logits", False)):
             return self.model(input_ids=tokens, use_cache=False, **extra).logits
         out = self.model(input_ids=tokens, use_cache=False, output_router_logits=True, **extra)

@@ -18,9 +18,11 @@ from typing import Optional
 
 import torch
 
+from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.models import hf_files
-from framework.models.hf.model import HFCausalLM, hf_config_of, parameters_on_meta, require_transformers
+from framework.models.hf.model import (HFCausalLM, head_not_deferrable, hf_config_of, parameters_on_meta,
+                                       require_transformers)
 from framework.models.spec import ModelSpec, model_dict
 
 PREFIX = "model."
@@ -35,6 +37,8 @@ class HFModelConfig:
     _target_: str = "framework.models.hf.HFCausalLM"   # the model class built (the family's)
     pretrained: Optional[str] = None    # a local dir: config.json + safetensors weights
     config: Optional[str] = None        # a dir or config.json: a fresh model from the seed
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    loss_chunk_tokens: int = crossed(0, 16)
 
 
 def _tied(hf_cfg) -> bool:
@@ -85,7 +89,8 @@ class HFSpec(ModelSpec):
 
     def build(self, model_cfg, load_weights: bool = True):
         m = model_dict(model_cfg)
-        return HFCausalLM(m.get("pretrained"), m.get("config"), load_weights=load_weights)
+        return HFCausalLM(m.get("pretrained"), m.get("config"), load_weights=load_weights,
+                          loss_chunk_tokens=m.get("loss_chunk_tokens", 0))
 
     def prepare(self, model_cfg):
         # transformers imports an architecture's modeling module on first use
@@ -104,6 +109,15 @@ class HFSpec(ModelSpec):
 
     def has_blocks(self, model_cfg) -> bool:
         return True
+
+    def smallest_overrides(self, scratch_dir: str) -> list[str]:
+        """A fresh transformers Llama of four tiny blocks, from a config.json written into scratch_dir."""
+        config = require_transformers().LlamaConfig(
+            hidden_size=32, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False)
+        path = os.path.join(scratch_dir, "hf_smallest")
+        config.save_pretrained(path)
+        return ["model=hf", f"model.config={path}"]
 
     def block_classes(self, model):
         return model.block_classes()
@@ -138,6 +152,11 @@ class HFSpec(ModelSpec):
         if cfg.data.vocab_size > hf_cfg.vocab_size:
             raise ConfigError("data.vocab_size", f"{cfg.data.vocab_size} exceeds the model's vocab_size="
                                                  f"{hf_cfg.vocab_size} ({path})")
+        if m.loss_chunk_tokens < 0:
+            raise ConfigError("model.loss_chunk_tokens", f"must be 0 (project all tokens at once) or a positive "
+                                                         f"number of tokens a chunk, got {m.loss_chunk_tokens}")
+        if m.loss_chunk_tokens and (why := head_not_deferrable(hf_cfg)):
+            raise ConfigError("model.loss_chunk_tokens", f"{path}: {why}; set model.loss_chunk_tokens=0")
         longest = self.context_length(m)
         if longest and cfg.data.seq_len > longest:
             raise ConfigError("data.seq_len", f"{cfg.data.seq_len} exceeds the model's {longest} positions ({path})")

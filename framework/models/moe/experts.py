@@ -33,8 +33,9 @@ def _aligned(*weights: torch.Tensor) -> bool:
 
 
 def _grouped_here(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """CUDA's grouped_mm takes bf16 only; torch 2.13's CPU kernel takes fp32 too."""
-    return w.dtype == torch.bfloat16 or x.device.type == "cpu"
+    """CUDA's grouped_mm takes bf16 only; torch 2.13's CPU kernel takes fp32 too, but not its meta kernel, which
+    a compiled block traces through."""
+    return w.dtype == torch.bfloat16 or (x.device.type == "cpu" and not torch.compiler.is_compiling())
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -99,11 +99,6 @@ class DeepSpeedStrategy(Strategy):
         p, z = cfg.parallel, cfg.zero
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("parallel", "parallel=deepspeed needs the deepspeed package: pip install deepspeed")
-        for key in ("dp_replicate", "dp_shard"):
-            if p[key] != 1:
-                raise ConfigError(f"parallel.{key}", f"parallel=deepspeed data-parallelises over all ranks "
-                                                      f"(launcher.nproc_per_node); got {p[key]}; parallel=fsdp "
-                                                      f"or 3d take dp_replicate/dp_shard")
         if cfg.precision.name == "fp16" and not dsc.has_fp16_hardware(cfg):
             raise ConfigError("precision", "fp16 needs CUDA: DeepSpeed's CPU accelerator has no fp16; "
                                            "use precision=bf16")

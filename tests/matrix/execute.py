@@ -1,0 +1,77 @@
+"""Runs a plan: every job and the single-process reference of each, then a resume of chosen jobs from their
+step-2 checkpoint, as two multiruns; returns where each ran."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.matrix.cover import Plan
+from tests.matrix.oracle import Oracle
+from tests.matrix.run import run_sweep
+
+#: every run saves its last step (BASE runs 4), whose parameters are compared; a job chosen to resume also
+#: saves step 2, which it resumes from
+SAVES = ("checkpoint.enabled=true",)
+MID_RUN = ("checkpoint.interval=2",)
+RESUME_FROM = "step_00000002"
+#: what a reference keeps of its job: what is trained (the model) and in what arithmetic (the precision);
+#: every other option is how, and must not change the result beyond its parity tolerance
+REFERENCE_KEYS = ("model", "precision", "precision.float8_emulate", "precision.float8_recipe", "lora.enabled",
+                  "lora.dora", "lora.base_dtype", "data.document_mask", "trainer.rampup_batch_size")
+
+
+@dataclass
+class Executed:
+    runs: list[Path]                      # job i ran in runs[i]
+    references: list[Path]                # its reference ran in references[i]
+    resumed: dict[int, Path] = field(default_factory=dict)   # job i resumed from step 2 into resumed[i]
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+
+def reference_of(job: dict) -> dict:
+    return {k: v for k, v in job.items() if k in REFERENCE_KEYS}
+
+
+def resumed_jobs(plan: Plan) -> list[int]:
+    """Jobs whose resumes hold every option value at least once (greedy: the job with most values not yet
+    resumed first): each value is shown to resume exactly, at the cost of a few jobs rather than all."""
+    left = {item for job in plan.jobs for item in job.items()}
+    chosen = []
+    while left:
+        best = max(range(len(plan.jobs)), key=lambda i: (len(left & set(plan.jobs[i].items())), -i))
+        if not left & set(plan.jobs[best].items()):
+            break
+        chosen.append(best)
+        left -= set(plan.jobs[best].items())
+    return sorted(chosen)
+
+
+def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Executed:
+    started = time.perf_counter()
+    references = []
+    for job in plan.jobs:
+        ref = reference_of(job)
+        assert oracle.verdict(ref) is None, f"the reference {ref} of {job} is refused: {oracle.verdict(ref)}"
+        if ref not in references:
+            references.append(ref)
+    chosen = resumed_jobs(plan)
+    commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
+               [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)]
+    dirs, proc = run_sweep(commands, root / "first", timeout)
+    failures = [f"{d}: {proc.returncode}" for d in dirs if not (d / "metrics.jsonl").exists()]
+    ref_dirs, job_dirs = dirs[:len(references)], dirs[len(references):]
+    executed = Executed(runs=job_dirs, references=[ref_dirs[references.index(reference_of(j))] for j in plan.jobs])
+    if proc.returncode != 0 or failures:
+        executed.failures = failures or [f"the sweep exited {proc.returncode}"]
+        executed.failures.append(proc.stderr[-6000:])
+        return executed
+    resumes = [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
+               [f"checkpoint.resume={job_dirs[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
+    dirs, proc = run_sweep(resumes, root / "resumed", timeout)
+    executed.resumed = dict(zip(chosen, dirs))
+    if proc.returncode != 0:
+        executed.failures = [f"the resume sweep exited {proc.returncode}", proc.stderr[-6000:]]
+    executed.seconds = time.perf_counter() - started
+    return executed

@@ -1,0 +1,105 @@
+"""Whether the framework admits a job: its own composition (Hydra, conf/) and its own checks before launch
+(framework.launch.admit), asked in this process in milliseconds, never a rule of the matrix's."""
+from __future__ import annotations
+
+import copy
+
+import yaml
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from framework import launch
+from framework.config.paths import CONFIG_DIR
+from framework.config_store import register_configs
+from framework.errors import ConfigError
+from framework.parallel.mesh import DIMS
+from tests.matrix.axes import Axis
+
+#: what every matrix job runs: a few thousand parameters, 4 steps of 8 sequences of 32 tokens
+BASE = ("data.seq_len=32", "trainer.max_steps=4", "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
+        "trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]",
+        "scheduler.warmup_steps=1")
+#: the most ranks a matrix job may have (a cost rule of the matrix, not a refusal of the framework's)
+MAX_WORLD = 4
+#: compiled jobs trace through dynamo and AOTAutograd without generating kernels (a cost rule too: inductor's
+#: C++ kernels take ~30 s of CPU a job here). What compiling changes in how options compose - graph breaks,
+#: hooks, checkpointing and DTensor inside the graph - is crossed; inductor's numerics are held to parity by
+#: tests/test_compile.py.
+CHEAPER = {("trainer.compile", True): ("trainer.compile_backend=aot_eager",)}
+
+
+class Refused(Exception):
+    """The framework's one line for a job it refuses (ConfigError), or Hydra's composition error."""
+
+
+class TooLarge(Exception):
+    """Admitted, but more ranks than the matrix runs."""
+
+
+class Oracle:
+    def __init__(self, axes: list[Axis], scratch: str):
+        self.axes, self.scratch = axes, scratch
+        self.groups = [a for a in axes if a.is_group]
+        self.fields = [a for a in axes if not a.is_group]
+        self._composed: dict[tuple, object] = {}
+        self._verdicts: dict[tuple, str | None] = {}
+        register_configs()
+        OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
+        OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+        self._hydra = initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None)
+        self._hydra.__enter__()
+
+    def group_overrides(self, job: dict) -> list[str]:
+        """BASE and the groups (always chosen: a job without a group value gets the group's default)."""
+        out = list(BASE)
+        for axis in self.groups:
+            out += axis.overrides(job.get(axis.key, axis.values[0]), self.scratch)
+        return out
+
+    def overrides(self, job: dict) -> list[str]:
+        """The command line of `job` (axis key -> value; a field axis the job leaves out is not set)."""
+        out = self.group_overrides(job)
+        for axis in self.fields:
+            if axis.key in job:
+                out += axis.overrides(job[axis.key], self.scratch)
+                out += CHEAPER.get((axis.key, job[axis.key]), ())
+        return out
+
+    def _compose(self, overrides: tuple):
+        if overrides not in self._composed:
+            self._composed[overrides] = compose(config_name="config", overrides=list(overrides))
+        return self._composed[overrides]
+
+    def verdict(self, job: dict) -> str | None:
+        """None if the framework admits `job` (within MAX_WORLD ranks), else the reason, one line."""
+        key = tuple(sorted(job.items()))
+        if key not in self._verdicts:
+            self._verdicts[key] = self._judge(job)
+        return self._verdicts[key]
+
+    def _judge(self, job: dict) -> str | None:
+        groups = self.group_overrides(job)
+        fields = self.overrides(job)[len(groups):]
+        try:
+            cfg = copy.deepcopy(self._compose(tuple(groups)))
+            for override in fields:       # as Hydra applies a command-line override to a composed config
+                key, _, value = override.partition("=")
+                OmegaConf.update(cfg, key, yaml_value(value), merge=True)
+        except (HydraException, OmegaConfBaseException) as e:
+            return "hydra: " + " ".join(str(e).split())
+        try:
+            _, world, _ = launch.admit(cfg, explicit={o.split("=")[0] for o in groups[len(BASE):] + fields})
+        except ConfigError as e:
+            return f"error: {e}"
+        if world <= MAX_WORLD:
+            return None
+        degrees = " x ".join(f"parallel.{d}" for d in DIMS)
+        return f"too large: {world} ranks ({degrees}); the matrix runs at most {MAX_WORLD}"
+
+
+def yaml_value(text: str):
+    """An override's value as Hydra's parser reads it (a number, a bool, null, a list, else the string)."""
+    return yaml.safe_load(text)

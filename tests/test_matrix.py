@@ -1,0 +1,92 @@
+"""Every pair of options the config admits trains with parity, or is refused before launch in one line.
+
+The options are read from the registries and the schema (tests/matrix/axes.py); a covering set of tiny jobs
+holds every pair of their values (tests/matrix/cover.py). Each job runs, with the single-process run of its
+model and precision, in one multirun; each is held to tests/parity.py against that run (loss and grad norm per
+step, every parameter at the end), and jobs that hold every value at least once resume from their step-2
+checkpoint and must replay steps 3-4 exactly. A new option or value enters with no edit here: a pair it cannot
+serve must be refused by the framework. The summary is printed at the end of the session."""
+import pytest
+
+from tests.matrix import report
+from tests.matrix.cover import all_pairs, names
+from tests.matrix.docs import PAGE, README, START, readme_with
+from tests.matrix.execute import execute
+from tests.matrix.plan import current_plan
+from tests.parity import assert_parity
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    plan, oracle, seconds = current_plan(str(tmp_path_factory.mktemp("matrix_scratch")))
+    return plan, oracle, seconds
+
+
+@pytest.fixture(scope="module")
+def executed(planned, tmp_path_factory):
+    plan, oracle, planning = planned
+    done = execute(plan, oracle, tmp_path_factory.mktemp("matrix"))
+    report.LINES.extend(report.summary(plan, planning + done.seconds))
+    return done
+
+
+def test_every_value_trains_in_some_job(planned):
+    plan, _, _ = planned
+    assert not plan.never, f"values no job admits: {plan.never}"
+
+
+def test_every_pair_is_covered_or_refused(planned):
+    plan, _, _ = planned
+    left = set(all_pairs(plan.axes)) - plan.covered() - set(plan.refused)
+    assert not left, f"{len(left)} pairs neither run nor refused, e.g. {sorted(left)[:3]}"
+
+
+def test_every_refusal_is_the_frameworks_one_line_naming_the_pair(planned):
+    plan, _, _ = planned
+    bad = []
+    for (a, b), (reason, job) in plan.refused.items():
+        if reason.startswith("too large"):
+            continue
+        if not reason.startswith("error: ") or "\n" in reason or not (names(reason, a[0]) or names(reason, b[0])):
+            bad.append(f"{a} + {b}: {reason}")
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_the_matrix_runs_within_its_world_cap_for_almost_every_pair(planned):
+    plan, _, _ = planned
+    beyond = [p for p, (r, _) in plan.refused.items() if r.startswith("too large")]
+    assert len(beyond) <= 0.01 * plan.pairs, beyond
+
+
+def test_every_job_trains_with_parity_against_its_single_process_run(planned, executed):
+    plan, _, _ = planned
+    assert not executed.failures, "\n".join(executed.failures)
+    failed = []
+    for job, run, reference in zip(plan.jobs, executed.runs, executed.references):
+        try:
+            assert_parity(run, reference)
+        except AssertionError as e:
+            failed.append(f"{job}: {e}")
+    assert not failed, "\n".join(failed)
+
+
+def test_chosen_jobs_resume_exactly_from_their_step_2_checkpoint(planned, executed):
+    plan, _, _ = planned
+    assert executed.resumed and not executed.failures, executed.failures
+    resumed_values = {item for i in executed.resumed for item in plan.jobs[i].items()}
+    assert resumed_values == {item for job in plan.jobs for item in job.items()}
+    failed = []
+    for i, resumed in executed.resumed.items():
+        try:
+            assert_parity(resumed, executed.runs[i])
+        except AssertionError as e:
+            failed.append(f"{plan.jobs[i]}: {e}")
+    assert not failed, "\n".join(failed)
+
+
+def test_the_docs_show_this_plan(planned):
+    plan, _, _ = planned
+    hint = "regenerate with `python -m tests.matrix --write`"
+    assert PAGE.exists() and PAGE.read_text() == report.pairs_page(plan), f"{PAGE} is stale; {hint}"
+    text = README.read_text()
+    assert START in text and readme_with(plan, text) == text, f"README's combinations table is stale; {hint}"
