@@ -119,6 +119,11 @@ def s3_env():
     server.stop()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--matrix-run", action="store_true",
+                     help="also train every job of the combination matrix (tests/test_matrix.py): ~100 tiny runs")
+
+
 def pytest_terminal_summary(terminalreporter):
     """What the combination matrix covered and refused (tests/test_matrix.py), and tests/test_planted_bugs.py's
     report: each planted bug and the tests that caught it."""

@@ -52,6 +52,10 @@ class Oracle:
         self._hydra = initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None)
         self._hydra.__enter__()
 
+    def close(self) -> None:
+        """Leave Hydra's global context, so that whatever runs next in this process can compose its own."""
+        self._hydra.__exit__(None, None, None)
+
     def group_overrides(self, job: dict) -> list[str]:
         """BASE and the groups (always chosen: a job without a group value gets the group's default)."""
         out = list(BASE)

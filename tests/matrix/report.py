@@ -14,6 +14,8 @@ STRATEGY = "parallel"
 
 def _text(value: Value) -> str:
     key, v = value
+    if key == "model":      # a family (its spec's name), at its smallest member: not a config option's name
+        return f"model family {v}"
     return f"{key}={str(v).lower() if isinstance(v, bool) else v}"
 
 
