@@ -184,6 +184,8 @@ def test_export_refuses_bad_input_and_writes_nothing(tmp_path, runs, capsys):
     cfg = OmegaConf.load(other_model / "config.yaml")
     cfg.model._target_ = "tests.fixtures.models.NaNAtStep"
     OmegaConf.save(cfg, other_model / "config.yaml")
+    _refused(export_here(capsys, other_model, out), "config.yaml is damaged")
+    _without_manifest(other_model)
     _refused(export_here(capsys, other_model, out), "model._target_")
     assert not out.exists()
 
