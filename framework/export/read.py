@@ -55,11 +55,12 @@ def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:
         state = get_fp32_state_dict_from_zero_checkpoint(step_dir, tag=STATE)
     # parameters without gradient (an MoE router's expert_bias, moved outside the gradient) have no partitioned
     # master copy under zero 1-2; the module's own state holds them whole
-    module = torch.load(os.path.join(state_dir, "mp_rank_00_model_states.pt"), map_location="cpu",
-                        weights_only=False)["module"]
-    for name, t in module.items():
-        if name not in state and t.numel() > 0:
-            state[name] = t
+    model_file = os.path.join(state_dir, "mp_rank_00_model_states.pt")     # zero 1-2 (3 partitions its own)
+    if os.path.isfile(model_file):
+        module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        for name, t in module.items():
+            if name not in state and t.numel() > 0:
+                state[name] = t
     return {name: t.float() for name, t in state.items()}
 
 
