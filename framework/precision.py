@@ -52,8 +52,10 @@ def validate_precision(cfg) -> None:
     if p.name == "float8":
         validate_float8(p, kind)
     else:
-        defaults = {f.name: f.default for f in dataclasses.fields(OmegaConf.get_type(p))} if OmegaConf.is_config(p) \
-            else {}
+        # the schema's defaults where the config is typed (composed by Hydra); a config read back from a run's
+        # resolved YAML (a cluster node's) is plain and was checked where it was composed
+        schema = OmegaConf.get_type(p) if OmegaConf.is_config(p) else None
+        defaults = {f.name: f.default for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else {}
         for key in ("float8_recipe", "float8_emulate"):
             if key in defaults and p[key] != defaults[key]:
                 raise ConfigError(f"precision.{key}", f"applies to precision=float8, not precision={p.name}; drop it "
