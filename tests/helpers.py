@@ -221,3 +221,12 @@ def assert_planned_activations(run_dir: Path, rel: float = 0.10) -> None:
     """Every rank's planned activation bytes are within REL of the peak autograd actually held saved."""
     for rank, (planned, peaks) in saved_by_rank(run_dir).items():
         assert peaks and all(abs(planned - peak) <= rel * max(planned, peak) for peak in peaks), (rank, planned, peaks)
+
+
+def validate_composed(cfg) -> None:
+    """The launcher's checks on a composed config, at the world size its strategy would start."""
+    from framework import world
+    from framework.config.validate import validate
+    from framework.strategies.registry import strategy_class
+    cls = strategy_class(cfg.parallel.name)
+    validate(cfg, world.world_size_for(cfg, cls), cls)

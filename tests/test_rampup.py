@@ -5,8 +5,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import world
-from framework.config.validate import validate
 from framework.data.batches import GlobalBatchSampler, split_train_val
 from framework.data.ramp import BatchSizes
 from framework.data.sources import streams
@@ -15,8 +13,7 @@ from framework.loss import cross_entropy, weighted_micro_batch
 from framework.models.factory import ModelFactory
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
-from framework.strategies.registry import strategy_class
-from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.helpers import validate_composed, FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
 
 RAMP = [2, 2, 16]           # FAST's global batch is 8 and its micro-batch 2
 RAMPED = [*FAST, f"trainer.rampup_batch_size=[{','.join(map(str, RAMP))}]", "parallel=single"]
@@ -107,11 +104,6 @@ def composer(compose_config):
     return compose_config
 
 
-def _validate(cfg):
-    cls = strategy_class(cfg.parallel.name)
-    validate(cfg, world.world_size_for(cfg, cls), cls)
-
-
 REFUSED = [
     (["trainer.rampup_batch_size=[4,4]"], "trainer.rampup_batch_size: give [start, increment, samples]"),
     (["trainer.rampup_batch_size=[8,4,16]"], "trainer.rampup_batch_size: starts at 8 sequences, not below "
@@ -132,10 +124,10 @@ REFUSED = [
 @pytest.mark.parametrize("args,expected", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
 def test_what_cannot_change_its_batch_is_refused_naming_both_keys(composer, args, expected):
     with pytest.raises(ConfigError) as err:
-        _validate(composer([*FAST, *args]))
+        validate_composed(composer([*FAST, *args]))
     assert expected in str(err.value)
 
 
 def test_a_pipeline_may_ramp_and_retry(composer):
-    _validate(composer([*FAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "launcher.nproc_per_node=2",
+    validate_composed(composer([*FAST, "parallel=3d", "parallel.tp=1", "parallel.pp=2", "launcher.nproc_per_node=2",
                         "trainer.rampup_batch_size=[4,2,16]", "trainer.on_oom=retry"]))

@@ -9,12 +9,9 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from framework import world
 from framework import launch
 from framework.errors import ConfigError
-from framework.config.validate import validate
-from framework.strategies.registry import strategy_class
-from tests.helpers import run_framework
+from tests.helpers import validate_composed, run_framework
 
 # Data files for the bad-input cases: an empty corpus and one of 100 bytes (byte-level: 100 tokens).
 _DATA = Path(tempfile.mkdtemp(prefix="fw-validation-"))
@@ -82,15 +79,10 @@ def composer(compose_config):
     return compose_config
 
 
-def _validate(cfg):
-    cls = strategy_class(cfg.parallel.name)
-    validate(cfg, world.world_size_for(cfg, cls), cls)
-
-
 @pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
 def test_validation_names_the_key(composer, args, expected):
     with pytest.raises(ConfigError) as err:
-        _validate(composer(args))
+        validate_composed(composer(args))
     assert expected in f"{err.value}"
 
 
@@ -101,17 +93,17 @@ def test_schema_rejects_at_compose_time(composer, args, expected):
     assert expected in str(err.value)
 
 
-def test_default_and_shipped_sizes_validate(composer):
-    _validate(composer([]))
+def test_default_and_shipped_sizesvalidate_composed(composer):
+    validate_composed(composer([]))
     for model in ("tiny", "small", "llama_125m"):
-        _validate(composer([f"model={model}"]))
+        validate_composed(composer([f"model={model}"]))
 
 
 @pytest.mark.parametrize("model", ["llama3_8b", "llama3_70b", "llama3_405b"])
 def test_big_model_sizes_compose_and_validate_without_instantiating(composer, model):
     cfg = composer([f"model={model}", "data=synthetic", "data.vocab_size=128256", "data.seq_len=64",
                     "data.num_tokens=100000"])
-    _validate(cfg)
+    validate_composed(cfg)
 
 
 def _check_rejected(tmp_path, args, expected, first_line_is_ours):
@@ -158,7 +150,7 @@ def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch,
         monkeypatch.setenv("WORLD_SIZE", str(RECIPES[recipe]))
     cfg = composer(overrides)
     assert cfg.model.n_layers > 0
-    _validate(cfg)
+    validate_composed(cfg)
 
 
 @pytest.mark.parametrize("args,micro", [([], 16), (["parallel=ddp"], 8), (["parallel=fsdp", "zero=stage3"], 8),
@@ -166,17 +158,17 @@ def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch,
                                         (["parallel=ddp", "trainer.micro_batch_size=4"], 4)])
 def test_unset_micro_batch_size_is_a_ranks_share(composer, args, micro):
     cfg = composer(args)
-    _validate(cfg)
+    validate_composed(cfg)
     assert cfg.trainer.micro_batch_size == micro
 
 
 def test_unset_micro_batch_size_needs_a_global_batch_that_divides(composer):
     with pytest.raises(ConfigError, match="trainer.global_batch_size: 15 sequences do not divide among 2"):
-        _validate(composer(["parallel=ddp", "trainer.global_batch_size=15"]))
+        validate_composed(composer(["parallel=ddp", "trainer.global_batch_size=15"]))
 
 
 def test_keys_of_a_users_own_class_stay_free(composer):
     cfg = composer(["model=custom", "model._target_=tests.fixtures.models.NaNAtStep", "+model.nan_at_forward=5",
                     "optimizer._target_=torch.optim.Adam", "+optimizer.amsgrad=true"])
-    _validate(cfg)
+    validate_composed(cfg)
     assert cfg.model.nan_at_forward == 5 and cfg.optimizer.amsgrad is True
