@@ -220,8 +220,12 @@ class Strategy:
                 having = [n for n, c in all_strategy_classes().items() if key in (*c.data_parallel_dims,
                                                                                   *c.model_parallel_dims)]
                 every = " (every rank is a data-parallel one)" if key in DATA_PARALLEL_DIMS else ""
+                # a model-parallel degree alone, as a command: the other model-parallel degrees before it at 1
+                alone = " ".join(f"parallel.{d}=1" for d in MODEL_PARALLEL_DIMS[:MODEL_PARALLEL_DIMS.index(key)]) \
+                    if key in MODEL_PARALLEL_DIMS else ""
+                example = f" (parallel={having[-1]} {alone} parallel.{key}={p[key]})" if alone else ""
                 raise ConfigError(f"parallel.{key}", f"parallel={cls.name} has no {key} dimension{every}, got "
-                                                      f"{p[key]}; parallel={' or '.join(having)} does")
+                                                      f"{p[key]}; parallel={' or '.join(having)} does{example}")
         if p.pp == 1:
             for key in ("pp_schedule", "pp_virtual_stages", "pp_microbatches"):
                 if p[key] != defaults[key]:
