@@ -68,6 +68,7 @@ class Units(TorchStrategy):
     precisions = ("fp32", "bf16")
     activation_checkpointing = ("none", "full", "layer")
     dp_sharding = "unit"
+    data_parallel_dims = ("dp_replicate", "dp_shard")
     zero_shards = {2: ZERO_SHARDS[3]}
     reduces_every_micro_batch = True
     machinery = 2

@@ -82,7 +82,7 @@ def _packed_vs_alone(forward, vocab=64):
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "hf"])
-def test_packed_documents_give_each_document_its_logits_alone(family):
+def test_packed_documents_give_each_document_its_logits_alone(family, tmp_path):
     torch.manual_seed(0)
     if family == "llama":
         from framework.models.llama.model import Llama
@@ -92,9 +92,8 @@ def test_packed_documents_give_each_document_its_logits_alone(family):
         model = GPT2(dim=32, n_layers=2, n_heads=4, vocab_size=64, max_seq_len=64).eval()
     else:
         from framework.models.hf.model import HFCausalLM
-        model = HFCausalLM.__new__(HFCausalLM)
-        torch.nn.Module.__init__(model)
-        model.model = _hf_llama()
+        _hf_llama().config.save_pretrained(tmp_path)
+        model = HFCausalLM(config=str(tmp_path)).eval()
     forward = lambda t, d: model(t) if d is None else model(t, d)       # noqa: E731
     assert _packed_vs_alone(forward) <= 1e-5
 
