@@ -1,7 +1,8 @@
 """Packed SFT and LoRA end to end on the chats the package ships: the same losses under single, ddp, fsdp
 and 3d (tp x pp, the documents handed along the pipeline); a LoRA run under fsdp whose adapter peft loads
 onto the transformers model with our logits, whose merged export is base plus adapter, and whose optimizer
-holds the adapters' states alone, as the planner says."""
+holds the adapters' states alone, as the planner says; a QLoRA run (NF4 base) whose export is the weights it
+resumes with."""
 import json
 
 import pytest
@@ -23,6 +24,8 @@ LAYOUTS = {
     "3d": ["parallel=3d", "parallel.tp=2", "parallel.pp=2", "launcher.nproc_per_node=4"],
 }
 LORA = ["lora.enabled=true", "lora.rank=4", "lora.dora=true", "optimizer.lr=1e-2", "checkpoint.enabled=true"]
+QLORA = ["parallel=single", "lora.enabled=true", "lora.rank=4", "lora.base_dtype=nf4", "optimizer.lr=1e-2",
+         "checkpoint.enabled=true"]
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def runs(tmp_path_factory):
     chat = ["data=chat", f"data.path={asset_path('tiny_chat.jsonl')}", "data.tokenizer=bytes",
             "data.chat_template=chatml", f"data.cache_dir={root / 'cache'}", f"trainer.max_steps={STEPS}"]
     out = {}
-    for name, layout in [*LAYOUTS.items(), ("lora", [*LAYOUTS["fsdp"], *LORA])]:
+    for name, layout in [*LAYOUTS.items(), ("lora", [*LAYOUTS["fsdp"], *LORA]), ("qlora", QLORA)]:
         out[name] = root / name
         check_ok(run_framework([*FAST, *chat, *layout], out[name]))
     return out
@@ -48,7 +51,9 @@ def test_packed_sft_has_the_same_losses_under_every_layout(runs):
     assert config.data.document_mask and config.model.vocab_size == 259     # bytes, end-of-text, ChatML's two
 
 
-def _lora_model(step_dir):
+def _lora_model(step_dir, stored=False):
+    """The run's model with its adapters, from the step dir: its weights as export reads them (fp32), or,
+    `stored`, in the run's lora.base_dtype, loaded by DCP as a resume loads them."""
     from framework.export.read import read_dcp
     from framework.models import lora
     from framework.models.spec import spec_for
@@ -57,7 +62,13 @@ def _lora_model(step_dir):
     model = spec.build(cfg.model)
     names = lora.target_linears(model, spec.block_classes(model), cfg.lora.targets, spec.lora_skip())
     lora.apply_lora(model, names, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.dora)
-    model.load_state_dict(read_dcp(str(step_dir)))
+    if not stored:
+        model.load_state_dict(read_dcp(str(step_dir)))
+        return model.eval()
+    import torch.distributed.checkpoint as dcp
+    lora.store_base(model, cfg.lora.base_dtype)
+    with torch.serialization.safe_globals(lora.pickled_base_classes()):
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(step_dir / "state"), no_dist=True)
     return model.eval()
 
 
@@ -84,6 +95,26 @@ def test_peft_loads_the_exported_adapter_and_the_merged_export_is_base_plus_adap
     changed = [k for k in merged_file if not torch.equal(merged_file[k], base_file[k])]
     assert changed and all(k.endswith(("_proj.weight",)) for k in changed)
     assert max(float((merged_file[k] - folded[k]).abs().max()) for k in merged_file) <= 1e-5
+
+
+def test_a_qlora_export_is_the_nf4_weights_the_run_resumes_with_and_peft_loads_its_adapter(runs, tmp_path):
+    from framework.export import export
+    from framework.models import lora
+    step = runs["qlora"] / "checkpoints" / f"step_{STEPS:08d}"
+    export(str(step), str(tmp_path / "hf"))
+    stored = _lora_model(step, stored=True)
+    quantized = [n for n, m in stored.named_modules() if isinstance(m, lora.LoRALinear)]
+    assert quantized and all(hasattr(stored.get_submodule(n).weight, "get_original_weight") for n in quantized)
+    exported = _lora_model(step)
+    for name in quantized:       # export reads the very values the NF4 weights stand for
+        assert torch.equal(exported.get_submodule(name).weight, lora.dequantized(stored.get_submodule(name).weight,
+                                                                                   torch.float32)), name
+    tokens = torch.randint(0, 259, (2, 24))
+    with torch.no_grad():
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+        adapted = peft.PeftModel.from_pretrained(base, str(tmp_path / "hf" / "adapter")).eval()
+        assert float((adapted(input_ids=tokens).logits - stored(tokens)).abs().max()) <= 1e-5
+    assert losses(runs["qlora"])[-1] < losses(runs["qlora"])[0]
 
 
 def test_only_the_adapters_hold_optimizer_state_and_the_planner_agrees(runs):

@@ -9,16 +9,17 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework import storage
 from framework.checkpoint.dcp_state import reader as dcp_reader
-from framework.checkpoint.manager import STATE
+from framework.checkpoint.manager import CONFIG, STATE
 from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
+from framework.models.lora import dequantized, nf4_read_target, pickled_base_classes
 
 MODEL_PREFIX = "model."
-
 
 
 def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
@@ -28,17 +29,22 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     reader = dcp_reader(state_dir)
     entries = reader.read_metadata().state_dict_metadata
     # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
-    model = {key[len(MODEL_PREFIX):]: torch.empty(meta.size, dtype=meta.properties.dtype)
-             for key, meta in entries.items()
+    names = {key[len(MODEL_PREFIX):]: meta for key, meta in entries.items()
              if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
+    # a LoRA run's frozen base weights may be stored as NF4, which reads only into its own class
+    nf4 = (OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}) \
+        .get("base_dtype") == "nf4"
+    model = {name: nf4_read_target(meta.size) if nf4 and name.endswith(".weight")
+             and f"{name.rsplit('.', 1)[0]}.lora_A" in names else torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in names.items()}
     state = {"model": model}
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         try:
-            dcp.load(state, storage_reader=reader, no_dist=True)
+            with torch.serialization.safe_globals(pickled_base_classes()):
+                dcp.load(state, storage_reader=reader, no_dist=True)
         except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
             raise next(iter(e.failures.values()))[0] from None
-    return {name: t.float() for name, t in state["model"].items()}
+    return {name: dequantized(t, torch.float32) for name, t in state["model"].items()}
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:

@@ -42,12 +42,7 @@ class LoRALinear(nn.Linear):
         self.lora_dropout = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def base_weight(self, dtype) -> torch.Tensor:
-        w = self.weight
-        if hasattr(w, "get_original_weight"):           # NF4
-            return w.get_original_weight().to(dtype)
-        if hasattr(w, "dequantize"):                    # torchao float8
-            return w.dequantize().to(dtype)
-        return w.to(dtype)
+        return dequantized(self.weight, dtype)
 
     def delta(self) -> torch.Tensor:
         """The adapter's change of the weight (out x in), fp32: B A * scaling (DoRA: its merged weight minus the base)."""
@@ -81,6 +76,25 @@ class LoRALinear(nn.Linear):
         else:
             out = F.linear(x, w.to(x.dtype))
         return out + self.bias.to(x.dtype) if self.bias is not None else out
+
+
+def dequantized(w: torch.Tensor, dtype) -> torch.Tensor:
+    """A frozen base weight as the values it stands for, in `dtype`, whichever `lora.base_dtype` stores it."""
+    if hasattr(w, "get_original_weight"):           # NF4
+        return w.get_original_weight().to(dtype)
+    if hasattr(w, "dequantize"):                    # torchao float8
+        return w.dequantize().to(dtype)
+    return w.to(dtype)
+
+
+def pickled_base_classes() -> list[type]:
+    """Tensor classes a checkpoint stores a frozen base weight as, pickled whole (DCP writes NF4Tensor so);
+    a reader allows these classes, and no others, when it unpickles a checkpoint's tensors."""
+    try:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
+    except ImportError:                 # torchao absent: no checkpoint of this install holds one
+        return []
+    return [NF4Tensor]
 
 
 def is_adapter(name: str) -> bool:
@@ -159,8 +173,7 @@ def store_base(model: nn.Module, base_dtype: str) -> None:
         if base_dtype == "bfloat16":
             stored = w.to(torch.bfloat16)
         elif base_dtype == "nf4":
-            from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-            stored = to_nf4(w.float(), *nf4_blocks(w.numel()))
+            stored = _nf4(w)
         else:
             from torchao.quantization import Float8WeightOnlyConfig, quantize_
             holder = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device)
@@ -168,6 +181,17 @@ def store_base(model: nn.Module, base_dtype: str) -> None:
             quantize_(holder, Float8WeightOnlyConfig())
             stored = holder.weight.detach()
         module.weight = nn.Parameter(stored, requires_grad=False)
+
+
+def _nf4(w: torch.Tensor) -> torch.Tensor:
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+    return to_nf4(w.float(), *nf4_blocks(w.numel()))
+
+
+def nf4_read_target(shape) -> torch.Tensor:
+    """A tensor of `shape` that a checkpoint's NF4-stored base weight reads into: an NF4Tensor copies only into
+    another of the same blocks (its values are overwritten; ones keep the quantisation's scales finite)."""
+    return _nf4(torch.ones(shape))
 
 
 def nf4_blocks(numel: int) -> tuple[int, int]:
