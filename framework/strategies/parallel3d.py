@@ -218,6 +218,13 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
                                                  f"splits each backward in two (inputs, then weights), which "
                                                  f"torch's checkpoint cannot serve; use pp_schedule=1F1B, "
                                                  f"Interleaved1F1B, GPipe or LoopedBFS, or drop {recomputed[0]}")
+            if split and cfg.data.get("document_mask"):
+                raise ConfigError("data.document_mask", f"parallel.pp_schedule={p.pp_schedule} splits each backward "
+                                                        f"in two (inputs, then weights), and torch's weight half fails "
+                                                        f"on the document mask's attention (a KeyError in "
+                                                        f"stage_backward_weight); use pp_schedule=1F1B, "
+                                                        f"Interleaved1F1B, GPipe or LoopedBFS, or "
+                                                        f"data.document_mask=false")
         if cfg.trainer.compile and dims.cp > 1:
             raise ConfigError("parallel.cp", "context parallelism's causal attention bias (a tensor subclass) does "
                                              "not pass into a compiled block yet; set trainer.compile=false or "
