@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from framework.data.ramp import BatchSizes
+from framework.data.rows import cat_rows
 
 BLOCK = 1024
 MIX_STREAM = 0x6D6978   # seed word that keeps the block permutations apart from the sources' orders
@@ -57,7 +58,6 @@ class MixtureSampler:
         return np.asarray(sources), np.asarray(within)
 
     def local_batch(self, step: int, dp_rank: int, dp_size: int):
-        from framework.data.batches import cat_rows
         per_rank = self.batch_sizes.size(step) // dp_size
         start = self.batch_sizes.offset(step) + dp_rank * per_rank
         rows = [self.samplers[s].sequences(self.samplers[s].ids_at([p]))
