@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import job_client as job_server
+
 REPO = Path(__file__).resolve().parents[1]
 
 # A tiny model and short sequences: every layout finishes in seconds on two CPU cores.
@@ -31,14 +33,18 @@ DEEPSPEED_Z3 = ("parallel=deepspeed", "zero=stage3", "parallel.stage3_param_pers
 def run_framework(args: list[str], run_dir: Path | None = None, timeout: float = 300,
                   torchrun_nproc: int | None = None, env: dict | None = None,
                   module: str = "framework") -> subprocess.CompletedProcess:
-    """`python -m framework ARGS hydra.run.dir=RUN_DIR`, or the same under torchrun."""
+    """`python -m framework ARGS hydra.run.dir=RUN_DIR`, or the same under torchrun. Forked from the
+    session's job server (tests/job_server.py) where the job's environment lets it, a new interpreter
+    otherwise: the same job either way."""
+    if run_dir is not None:
+        args = [*args, f"hydra.run.dir={run_dir}"]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if not torchrun_nproc and job_server.serves(full_env):
+        return job_server.run(module, args, REPO, full_env, timeout)
     cmd = [sys.executable]
     if torchrun_nproc:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun_nproc}"]
     cmd += ["-m", module, *args]
-    if run_dir is not None:
-        cmd.append(f"hydra.run.dir={run_dir}")
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return run_in_own_session(cmd, cwd=REPO, env=full_env, timeout=timeout)
 
 
