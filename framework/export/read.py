@@ -32,8 +32,8 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     names = {key[len(MODEL_PREFIX):]: meta for key, meta in entries.items()
              if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
     # a LoRA run's frozen base weights may be stored as NF4, which reads only into its own class
-    nf4 = (OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}) \
-        .get("base_dtype") == "nf4"
+    nf4 = any(name.endswith(".lora_A") for name in names) and \
+        (OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}).get("base_dtype") == "nf4"
     model = {name: nf4_read_target(meta.size) if nf4 and name.endswith(".weight")
              and f"{name.rsplit('.', 1)[0]}.lora_A" in names else torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in names.items()}
     state = {"model": model}
