@@ -94,6 +94,10 @@ def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     for number in map(signal_number, cfg.launcher.preempt_signals):
         if number is not None:    # the fork server ignores them (launchers.torch.start_fork_server) and so did we
             signal.signal(number, signal.SIG_DFL)
+    # Ctrl-C, passed on by the launcher, ends a worker at once, even one blocked in a collective whose peer
+    # is gone (Python's KeyboardInterrupt waits for the call to return: the launcher then waited the whole
+    # launcher.stop_grace_s, 180 s, before its SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     die_with_parent(launcher_pid)
     run_worker(cfg, run_dir)
 
