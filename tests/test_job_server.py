@@ -1,0 +1,48 @@
+"""The suite's jobs fork from tests/job_server.py; a job run there must be the job a fresh interpreter runs:
+the same losses to the bit, the same output, the same exit code and one-line error, its environment its own."""
+import re
+import subprocess
+
+import pytest
+
+from tests import job_client
+from tests.helpers import FAST, read_metrics, run_framework
+
+
+def _both(monkeypatch, args, run_dirs, env=None):
+    served = run_framework(args, run_dirs[0], env=env)
+    monkeypatch.setenv(job_client.OFF, "1")
+    fresh = run_framework(args, run_dirs[1], env=env)
+    return served, fresh
+
+
+def test_a_served_job_trains_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
+    served, fresh = _both(monkeypatch, [*FAST, "parallel=ddp", "trainer.max_steps=3"], [tmp_path / "a", tmp_path / "b"])
+    assert served.returncode == fresh.returncode == 0, served.stderr[-3000:] + fresh.stderr[-3000:]
+    assert [r["loss"] for r in read_metrics(tmp_path / "a")] == [r["loss"] for r in read_metrics(tmp_path / "b")]
+    shape = lambda out, run: [re.sub(r"[\d.,:%]+", "N", line.replace(str(run), "RUN")) for line in out.splitlines()]  # noqa: E731
+    assert shape(served.stdout, tmp_path / "a") == shape(fresh.stdout, tmp_path / "b")
+
+
+def test_a_served_job_fails_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
+    served, fresh = _both(monkeypatch, [*FAST, "model.n_layers=0"], [tmp_path / "a", tmp_path / "b"])
+    assert served.returncode == fresh.returncode == 2
+    assert served.stderr == fresh.stderr and len(served.stderr.strip().splitlines()) == 1
+
+
+def test_a_job_setting_what_torch_reads_at_start_gets_its_own_interpreter():
+    assert not job_client.serves({"TORCH_LOGS": "dynamo"})
+    assert not job_client.serves({"OMP_NUM_THREADS": "7"})
+
+
+def _sessions() -> set[int]:
+    ps = subprocess.run(["ps", "-eo", "sid=,stat="], capture_output=True, text=True, check=True).stdout
+    return {int(line.split()[0]) for line in ps.splitlines() if not line.split()[1].startswith("Z")}
+
+
+def test_a_job_past_its_timeout_is_killed_with_its_workers(tmp_path):
+    before = _sessions()
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_framework([*FAST, "parallel=ddp", "trainer.max_steps=100000"], tmp_path / "run", timeout=10)
+    assert (tmp_path / "run" / "metrics.jsonl").exists()        # it trained: the workers were there to kill
+    assert _sessions() <= before
