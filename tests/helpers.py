@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests import job_client as job_server
+from tests import job_client
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,8 +39,8 @@ def run_framework(args: list[str], run_dir: Path | None = None, timeout: float =
     if run_dir is not None:
         args = [*args, f"hydra.run.dir={run_dir}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if not torchrun_nproc and job_server.serves(full_env):
-        return job_server.run(module, args, REPO, full_env, timeout)
+    if not torchrun_nproc and job_client.serves(full_env):
+        return job_client.run(module, args, REPO, full_env, timeout)
     cmd = [sys.executable]
     if torchrun_nproc:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun_nproc}"]

@@ -30,7 +30,8 @@ def serves(env: dict) -> bool:
                and k != "PYTHONUNBUFFERED")
 
 
-def _address() -> str:
+def address() -> str:
+    """The running server's socket, the server started first if need be."""
     if "address" in _server and _server["process"].poll() is None:
         return _server["address"]
     folder = tempfile.mkdtemp(prefix="jobs-")
@@ -56,7 +57,7 @@ def run(module: str, args: list[str], cwd: Path, env: dict, timeout: float) -> s
     cmd = [sys.executable, "-m", module, *args]
     with tempfile.TemporaryDirectory(prefix="job-") as folder, socket.socket(socket.AF_UNIX) as conn:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        conn.connect(_address())
+        conn.connect(address())
         conn.sendall(json.dumps({"module": module, "argv": [str(a) for a in args], "cwd": str(cwd), "env": env,
                                  "stdout": out, "stderr": err}).encode() + b"\n")
         answers = _Lines(conn)

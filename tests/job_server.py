@@ -21,12 +21,10 @@ import signal
 import socket
 import sys
 
-#: what every job imports before it trains (the launcher, Hydra, torch) and what its workers' fork server
-#: preloads; framework.fork_server_exit is left out on purpose (it makes its importer exit 0 at exit)
-PRELOAD = ("framework.__main__", "framework.launch", "framework.launchers.torch", "framework.worker",
-           "torch._dynamo", "framework.checkpoint.dcp_state", "framework.parallel.fsdp",
-           "framework.parallel.grad_norm", "framework.parallel.parallelize", "framework.parallel.tied",
-           "torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "torch.nn.parallel")
+#: what every job imports before it trains (the launcher, Hydra, torch); the workers' modules come from the
+#: launcher and the strategy registry (preload below). framework.fork_server_exit is left out on purpose:
+#: it makes its importer exit 0 at exit
+LAUNCHER = ("framework.__main__", "framework.launch", "framework.launchers.torch")
 FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
 
 
@@ -122,9 +120,16 @@ def _serve_one(conn: socket.socket) -> None:
         stream.flush()
 
 
+def preload() -> tuple[str, ...]:
+    from framework.launchers.torch import FORK_SERVER_PRELOAD
+    from framework.strategies.registry import all_strategy_classes
+    workers = {m for cls in all_strategy_classes().values() for m in cls.worker_modules}
+    return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers))
+
+
 def serve(address: str) -> None:
     import importlib
-    for module in PRELOAD:
+    for module in preload():
         importlib.import_module(module)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # nannies are reaped by the kernel
     with socket.socket(socket.AF_UNIX) as listener:

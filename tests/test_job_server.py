@@ -41,6 +41,7 @@ def _sessions() -> set[int]:
 
 
 def test_a_job_past_its_timeout_is_killed_with_its_workers(tmp_path):
+    job_client.address()            # the server's own session is not the job's
     before = _sessions()
     with pytest.raises(subprocess.TimeoutExpired):
         run_framework([*FAST, "parallel=ddp", "trainer.max_steps=100000"], tmp_path / "run", timeout=10)

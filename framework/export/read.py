@@ -31,11 +31,11 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
     names = {key[len(MODEL_PREFIX):]: meta for key, meta in entries.items()
              if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
+    model = {name: torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in names.items()}
     # a LoRA run's frozen base weights may be stored as NF4, which reads only into its own class
-    nf4 = any(name.endswith(".lora_A") for name in names) and \
-        (OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}).get("base_dtype") == "nf4"
-    model = {name: nf4_read_target(meta.size) if nf4 and name.endswith(".weight")
-             and f"{name.rsplit('.', 1)[0]}.lora_A" in names else torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in names.items()}
+    adapted = {name[:-len(".lora_A")] for name in names if name.endswith(".lora_A")}
+    if adapted and _lora_config(step_dir).get("base_dtype") == "nf4":
+        model.update({f"{module}.weight": nf4_read_target(names[f"{module}.weight"].size) for module in adapted})
     state = {"model": model}
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
@@ -45,6 +45,10 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
         except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
             raise next(iter(e.failures.values()))[0] from None
     return {name: dequantized(t, torch.float32) for name, t in state["model"].items()}
+
+
+def _lora_config(step_dir: str):
+    return OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:

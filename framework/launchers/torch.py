@@ -50,6 +50,11 @@ class TorchEngine(Engine):
             os.environ.update(environ)
 
 
+#: what every job's workers import, whatever the strategy (torch._dynamo: DDP and FSDP import it on their
+#: first wrap, ~1 s of CPU in each worker)
+FORK_SERVER_PRELOAD = ("framework.worker", "torch._dynamo")
+
+
 def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
     """Workers fork from one server process that imported torch, the trainer and what the strategy's
     workers use once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on
@@ -60,9 +65,7 @@ def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()
     SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
-    # torch._dynamo too: DDP and FSDP import it on their first wrap, ~1 s of CPU in each worker
-    multiprocessing.set_forkserver_preload(["framework.worker", "torch._dynamo", *strategy_modules,
-                                            "framework.fork_server_exit"])
+    multiprocessing.set_forkserver_preload([*FORK_SERVER_PRELOAD, *strategy_modules, "framework.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
 
