@@ -1,10 +1,12 @@
 """Background saves through the reused stager: its GPU configuration (pinned buffers, non-blocking
-copies) survives a torch whose async_save closes the stager after each save, and a save holds
-the step it was started at while the next optimizer step changes the weights."""
+copies) survives the torch versions whose stagers close themselves (2.11's DefaultStager after each
+stage, some async_save after each upload), and a save holds the step it was started at while the
+next optimizer step changes the weights."""
 import pytest
 import torch
 import torch.cuda._pin_memory_utils as pin_memory_utils
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import DefaultStager
 from torch import nn
 
 from framework.checkpoint import dcp_state
@@ -46,14 +48,22 @@ def gpu_stager(monkeypatch):
         during_construction.setattr(torch.cuda, "is_available", lambda: True)
         during_construction.setattr(torch.accelerator, "is_available", lambda: True)
         stager = ReusedStager(torch.device("cuda"))
-    assert stager._stager._state_dict_stager.pin_memory       # the CUDA branch is the one driven
+    assert stager._stager.pin_memory                         # the CUDA branch is the one driven
     yield stager
     stager.release()
 
 
+def _periodic_saves_each_hold_their_step(tmp_path, stager):
+    model, optimizer = _model_and_optimizer()
+    for step in (4, 8, 12):
+        _train_step(model, optimizer)
+        expected = model.weight.detach().clone()
+        dcp_state.save(str(tmp_path / f"step{step}"), model, optimizer, _Schedule(), Precision(None, None),
+                       background=True, stager=stager).result()
+        assert torch.equal(_saved_weight(tmp_path / f"step{step}"), expected)
+
+
 def test_periodic_saves_survive_an_async_save_that_closes_the_stager(tmp_path, monkeypatch, gpu_stager):
-    # torch 2.11 (the GPU machine's) closes the stager it is handed once the upload is done; the
-    # second save through a closed DefaultStager raised KeyError: <class 'type'>.
     real_async_save = dcp.async_save
 
     def async_save_that_closes(*args, async_stager=None, **kwargs):
@@ -62,13 +72,22 @@ def test_periodic_saves_survive_an_async_save_that_closes_the_stager(tmp_path, m
         return future
 
     monkeypatch.setattr(dcp, "async_save", async_save_that_closes)
-    model, optimizer = _model_and_optimizer()
-    for step in (4, 8, 12):
-        _train_step(model, optimizer)
-        expected = model.weight.detach().clone()
-        dcp_state.save(str(tmp_path / f"step{step}"), model, optimizer, _Schedule(), Precision(None, None),
-                       background=True, stager=gpu_stager).result()
-        assert torch.equal(_saved_weight(tmp_path / f"step{step}"), expected)
+    _periodic_saves_each_hold_their_step(tmp_path, gpu_stager)
+
+
+def test_periodic_saves_survive_torch_2_11s_stager_that_closes_itself(tmp_path, monkeypatch, gpu_stager):
+    # torch 2.11 (the GPU machine's): DefaultStager.stage closes its StateDictStager after each stage,
+    # which empties the copier table; a stager built on DefaultStager failed its second save on the
+    # H100 with KeyError: <class 'type'>.
+    real_stage = DefaultStager.stage
+
+    def stage_then_close(self, state_dict, **kwargs):
+        staged = real_stage(self, state_dict, **kwargs)
+        self._state_dict_stager.close()
+        return staged
+
+    monkeypatch.setattr(DefaultStager, "stage", stage_then_close)
+    _periodic_saves_each_hold_their_step(tmp_path, gpu_stager)
 
 
 def test_a_background_save_holds_its_step_while_the_next_step_runs(tmp_path):

@@ -56,7 +56,7 @@ def test_background_saves_reuse_one_set_of_staging_buffers(tmp_path):
                 model.weight.fill_(step)
             dcp_state.save(str(tmp_path / f"s{step}"), model, optimizer, _Schedule(), Precision(None, None),
                            background=True, stager=stager).result()
-            buffers.append({id(b) for b in stager._stager._state_dict_stager._cached_storage_mapping.values()})
+            buffers.append({id(b) for b in stager._stager._cached_storage_mapping.values()})
             saved.append(step)
         assert buffers[0] and buffers[1] == buffers[0]       # the second save allocated nothing new
         for step in saved:                                   # and each save holds its own step's values

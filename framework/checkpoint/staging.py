@@ -6,32 +6,35 @@ device-to-host copies are waited for), so a save holds exactly the step it was s
 the next steps run. A save overwrites the buffers, so the previous save must be on disk first
 (CheckpointManager waits for it).
 
-Only `release()` frees the buffers. `close()` is a no-op on purpose: torch 2.11's `async_save`
-closes the stager it is given once a save's upload is done (2.13 closes only a stager it made
-itself), and a closed `DefaultStager` has an empty copier table, so the next save died with
-`KeyError: <class 'type'>` on the GPU.
+It drives torch's `StateDictStager` (the copier inside `DefaultStager`) itself: torch 2.11's
+`DefaultStager.stage` closes that copier after every stage, emptying its buffer cache and its
+copier table, so the second background save of a run died with `KeyError: <class 'type'>` on the
+GPU machine (2.13 no longer closes it). Only `release()` frees the buffers; `close()`, which some
+torch versions' `async_save` call after each upload, is a no-op.
 """
 from __future__ import annotations
 
 import torch
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 
 
 class ReusedStager:
-    """An `AsyncStager` over one `DefaultStager` whose lifetime is the strategy's, not one save's."""
+    """An `AsyncStager` whose buffers live as long as the strategy, not one save."""
 
     should_synchronize_after_execute = False
 
     def __init__(self, device: torch.device):
-        on_gpu = device.type == "cuda"
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=on_gpu, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=on_gpu))
+        self._on_gpu = device.type == "cuda"
+        self._stager = StateDictStager(pin_memory=self._on_gpu, share_memory=False)
 
     def stage(self, state_dict, **kwargs):
-        return self._stager.stage(state_dict, **kwargs)
+        staged = self._stager.stage(state_dict, non_blocking=self._on_gpu)
+        if self._on_gpu:           # the non-blocking device-to-host copies land before the step goes on
+            torch.accelerator.synchronize()
+        return staged
 
     def synchronize_staging(self) -> None:
-        self._stager.synchronize_staging()
+        """Staging is already complete when `stage` returns."""
 
     def close(self) -> None:
         """Called by `dcp.async_save` in some torch versions after each save; the buffers stay."""
