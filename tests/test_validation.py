@@ -20,6 +20,12 @@ EMPTY, SHORT = _DATA / "empty.txt", _DATA / "short.txt"
 EMPTY.write_bytes(b"")
 SHORT.write_bytes(b"x" * 100)
 
+
+def case_id(args):
+    """The case's overrides, with the data folder named alike in every process (pytest-xdist's workers
+    must collect the same ids)."""
+    return " ".join(args).replace(str(_DATA), "DATA")
+
 # (overrides, text the first error line must contain)
 CASES = [
     (["trainer.profile.steps=[3,2]"], "trainer.profile.steps"),
@@ -79,7 +85,7 @@ def composer(compose_config):
     return compose_config
 
 
-@pytest.mark.parametrize("args,expected", CASES, ids=[" ".join(a) for a, _ in CASES])
+@pytest.mark.parametrize("args,expected", CASES, ids=[case_id(a) for a, _ in CASES])
 def test_validation_names_the_key(composer, args, expected):
     with pytest.raises(ConfigError) as err:
         validate_composed(composer(args))
@@ -123,7 +129,7 @@ def _check_rejected(tmp_path, args, expected, first_line_is_ours):
 END_TO_END = [CASES[0], CASES[4], CASES[9], CASES[11], CASES[14], *CASES[24:]]
 
 
-@pytest.mark.parametrize("args,expected", END_TO_END, ids=[" ".join(a) for a, _ in END_TO_END])
+@pytest.mark.parametrize("args,expected", END_TO_END, ids=[case_id(a) for a, _ in END_TO_END])
 def test_invalid_config_exits_2_with_one_line(tmp_path, args, expected):
     _check_rejected(tmp_path, args, expected, first_line_is_ours=True)
 
