@@ -124,19 +124,29 @@ def pytest_addoption(parser):
                      help="also train every job of the combination matrix (tests/test_matrix.py): ~100 tiny runs")
 
 
+#: a test hands lines to the end of the session's report as (SUMMARY, (title, lines)) in its user_properties,
+#: which pytest-xdist carries from its workers to the process that prints the report
+SUMMARY = "session summary"
+SECTIONS: dict[str, list[str]] = {}
+
+
+def summarize(item, title: str, lines: list[str]) -> None:
+    """Print LINES under TITLE at the end of the session, whichever process ran the test ITEM."""
+    item.user_properties.append((SUMMARY, (title, list(lines))))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":          # every report of a test carries its properties; the last counts
+        for key, value in report.user_properties:
+            if key == SUMMARY:
+                title, lines = value
+                SECTIONS.setdefault(title, []).extend(lines)
+
+
 def pytest_terminal_summary(terminalreporter):
     """What the combination matrix covered and refused (tests/test_matrix.py), and tests/test_planted_bugs.py's
     report: each planted bug and the tests that caught it."""
-    from tests.matrix import report
-    if report.LINES:
-        terminalreporter.section("combination matrix")
-        for line in report.LINES:
+    for title, lines in SECTIONS.items():
+        terminalreporter.section(title)
+        for line in lines:
             terminalreporter.write_line(line)
-    planted = sys.modules.get("tests.test_planted_bugs")
-    if planted is None or not planted.CAUGHT:
-        return
-    terminalreporter.section("planted bugs and the tests that caught them")
-    for bug, caught in planted.CAUGHT.items():
-        terminalreporter.write_line(f"{bug}: " + ("NOT CAUGHT" if not caught else ""))
-        for test, how in caught.items():
-            terminalreporter.write_line(f"    {test}: {how}")

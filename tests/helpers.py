@@ -54,9 +54,10 @@ def run_in_own_session(cmd: list[str], timeout: float, **kwargs) -> subprocess.C
                           start_new_session=True, **kwargs) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as expired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+            expired.session = proc.pid          # the job's session, which its workers share
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 

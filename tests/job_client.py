@@ -69,7 +69,9 @@ def run(module: str, args: list[str], cwd: Path, env: dict, timeout: float) -> s
             except ProcessLookupError:
                 pass
             answers.next(None)
-            raise subprocess.TimeoutExpired(cmd, timeout, _read(out), _read(err))
+            expired = subprocess.TimeoutExpired(cmd, timeout, _read(out), _read(err))
+            expired.session = pid               # the job's session, which its workers share
+            raise expired
         return subprocess.CompletedProcess(cmd, ended["returncode"], _read(out), _read(err))
 
 

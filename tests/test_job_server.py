@@ -2,6 +2,7 @@
 the same losses to the bit, the same output, the same exit code and one-line error, its environment its own."""
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -35,15 +36,19 @@ def test_a_job_setting_what_torch_reads_at_start_gets_its_own_interpreter():
     assert not job_client.serves({"OMP_NUM_THREADS": "7"})
 
 
-def _sessions() -> set[int]:
-    ps = subprocess.run(["ps", "-eo", "sid=,stat="], capture_output=True, text=True, check=True).stdout
-    return {int(line.split()[0]) for line in ps.splitlines() if not line.split()[1].startswith("Z")}
+def _in_session(session: int) -> set[int]:
+    """Live processes of a session: a job and every worker it started (pytest-xdist may run other tests'
+    jobs beside this one, each in a session of its own)."""
+    ps = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True, check=True).stdout
+    return {int(pid) for pid, sid, stat in (line.split()[:3] for line in ps.splitlines())
+            if int(sid) == session and not stat.startswith("Z")}
 
 
 def test_a_job_past_its_timeout_is_killed_with_its_workers(tmp_path):
-    job_client.address()            # the server's own session is not the job's
-    before = _sessions()
-    with pytest.raises(subprocess.TimeoutExpired):
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
         run_framework([*FAST, "parallel=ddp", "trainer.max_steps=100000"], tmp_path / "run", timeout=10)
     assert (tmp_path / "run" / "metrics.jsonl").exists()        # it trained: the workers were there to kill
-    assert _sessions() <= before
+    deadline = time.monotonic() + 10     # SIGKILL is delivered at once; a process takes a moment to go
+    while _in_session(expired.value.session) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _in_session(expired.value.session)

@@ -13,12 +13,21 @@ from tests.matrix.cover import all_pairs, names
 from tests.matrix.docs import PAGE, README, START, readme_with
 from tests.matrix.execute import execute
 from tests.matrix.plan import current_plan
+from tests.conftest import summarize
 from tests.parity import assert_parity
 
 
 #: why the jobs are not trained in CI: ~100 runs (the jobs and their references) take ~15 minutes on the 2-core
 #: machine, and CI's budget is 35 minutes for everything
 RUN_THEM = "the jobs train with `python -m pytest tests/test_matrix.py --matrix-run` (~15 minutes on 2 cores)"
+
+
+@pytest.fixture(autouse=True)
+def _summary_to_the_session_report(request):
+    yield
+    if report.LINES:
+        summarize(request.node, "combination matrix", report.LINES)
+        report.LINES.clear()
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,6 @@ CAUGHT_BY = {
     "checkpoint-complete-early": ["tests/test_checkpoint.py::test_kill_during_save_leaves_the_previous_checkpoint_usable"],
 }
 
-#: bug -> {test id: the first line of how it failed}, for the terminal summary (conftest prints it)
-CAUGHT: dict[str, dict[str, str]] = {}
-
-
 def test_every_planted_bug_names_the_tests_that_catch_it():
     assert set(CAUGHT_BY) == set(BUGS)
 
@@ -68,7 +64,7 @@ def _outcomes(junit) -> dict[str, str | None]:
 
 
 @pytest.mark.parametrize("bug", list(CAUGHT_BY))
-def test_planted_bug_fails_a_named_test(tmp_path, clean_runs, bug):
+def test_planted_bug_fails_a_named_test(tmp_path, clean_runs, bug, request):
     tests = CAUGHT_BY[bug]
     junit = tmp_path / "junit.xml"
     env = {**os.environ, "FRAMEWORK_TEST_PLANT": bug, conftest.REUSE: str(clean_runs),
@@ -80,5 +76,6 @@ def test_planted_bug_fails_a_named_test(tmp_path, clean_runs, bug):
     outcomes = _outcomes(junit)
     assert set(tests) <= set(outcomes), f"no such test: {sorted(set(tests) - set(outcomes))}"
     caught = {test: how for test, how in outcomes.items() if how is not None}
-    CAUGHT[bug] = caught
+    conftest.summarize(request.node, "planted bugs and the tests that caught them",
+                       [f"{bug}: " + ("NOT CAUGHT" if not caught else "")] + [f"    {t}: {how}" for t, how in caught.items()])
     assert caught, f"{bug} planted, and every named test passed:\n{proc.stdout[-3000:]}"
