@@ -1,6 +1,6 @@
 """trainer.deterministic: the same seed gives the same run on a GPU too (a CPU run always repeats).
 
-`apply(cfg)` runs first thing in every worker, before CUDA or NCCL start there (spawned, forked
+`applied(cfg)` holds every worker's whole run, entered first thing, before CUDA or NCCL start there (spawned, forked
 and torchrun workers alike), and sets:
 - torch.use_deterministic_algorithms(True): ops with a deterministic variant use it (scatter-add in
   the embedding's backward, index_add, ...); the rest raise instead of differing silently;
@@ -18,6 +18,7 @@ and torchrun workers alike), and sets:
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -32,23 +33,54 @@ def validate(cfg, strategy_cls) -> None:
         raise ConfigError("trainer.deterministic", f"parallel={strategy_cls.name} {reason}")
 
 
-def apply(cfg) -> None:
-    """Make this process's training repeat exactly; nothing changes with trainer.deterministic=false."""
+@contextmanager
+def applied(cfg):
+    """Make this process's training repeat exactly while the block runs; nothing changes with
+    trainer.deterministic=false. On leaving, the process is as it was: a multirun runs its one-process
+    points one after another in one process, and a deterministic point must not make the next one
+    deterministic (its numbers would then differ from the same point run alone)."""
     if not cfg.trainer.deterministic:
+        yield
         return
-    for name, value in ENVIRONMENT.items():
-        os.environ.setdefault(name, value)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_math_sdp(True)
+    before = _switches()
+    added = [name for name in ENVIRONMENT if name not in os.environ]
+    for name in added:
+        os.environ[name] = ENVIRONMENT[name]
+    try:
+        _set_switches(deterministic_algorithms=True, warn_only=False, cudnn_deterministic=True,
+                      cudnn_benchmark=False, flash_sdp=False, mem_efficient_sdp=False, cudnn_sdp=False,
+                      math_sdp=True)
+        yield
+    finally:
+        _set_switches(**before)
+        for name in added:
+            os.environ.pop(name, None)
+
+
+def _switches() -> dict:
+    return {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "flash_sdp": torch.backends.cuda.flash_sdp_enabled(),
+            "mem_efficient_sdp": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "cudnn_sdp": torch.backends.cuda.cudnn_sdp_enabled(),
+            "math_sdp": torch.backends.cuda.math_sdp_enabled()}
+
+
+def _set_switches(deterministic_algorithms, warn_only, cudnn_deterministic, cudnn_benchmark, flash_sdp,
+                  mem_efficient_sdp, cudnn_sdp, math_sdp) -> None:
+    torch.use_deterministic_algorithms(deterministic_algorithms, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = cudnn_deterministic
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    torch.backends.cuda.enable_flash_sdp(flash_sdp)
+    torch.backends.cuda.enable_mem_efficient_sdp(mem_efficient_sdp)
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
+    torch.backends.cuda.enable_math_sdp(math_sdp)
 
 
 def settings() -> dict:
-    """What apply() decides, as this process has it (a worker reports it to prove the switch)."""
+    """What applied() decides, as this process has it (a worker reports it to prove the switch)."""
     return {**{name: os.environ.get(name) for name in ENVIRONMENT},
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "cudnn_deterministic": torch.backends.cudnn.deterministic,

@@ -33,7 +33,11 @@ def _peer_failure(e: BaseException) -> bool:
 
 def run_worker(cfg, run_dir: str, on_record=None) -> None:
     """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them)."""
-    determinism.apply(cfg)
+    with determinism.applied(cfg):
+        _run(cfg, run_dir, on_record)
+
+
+def _run(cfg, run_dir: str, on_record) -> None:
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:
