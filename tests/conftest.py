@@ -123,6 +123,12 @@ def pytest_addoption(parser):
                      help="also train every job of the combination matrix (tests/test_matrix.py): ~100 tiny runs")
 
 
+def pytest_collection_modifyitems(items):
+    """Modules that say `RUNS_LONGEST = True` first: pytest-xdist hands out files in this order, and a
+    module of many minutes started last would run alone at the end while the other workers idle."""
+    items.sort(key=lambda item: not getattr(item.module, "RUNS_LONGEST", False))
+
+
 #: a test hands lines to the end of the session's report as (SUMMARY, (title, lines)) in its user_properties,
 #: which pytest-xdist carries from its workers to the process that prints the report
 SUMMARY = "session summary"

@@ -13,6 +13,9 @@ from tests.parity import assert_parity
 
 from tests.conftest import CHECKPOINTED as CKPT
 
+#: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
+RUNS_LONGEST = True
+
 
 def _train(run_dir: Path, *args, **kw):
     proc = run_framework([*FAST, *CKPT, *args], run_dir, **kw)

@@ -14,6 +14,9 @@ import pytest
 from tests import docs_commands
 from tests.helpers import REPO, run_in_own_session
 
+#: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
+RUNS_LONGEST = True
+
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
 COMMANDS = docs_commands.run_by(docs_commands.GENERIC)
 

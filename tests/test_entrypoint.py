@@ -7,6 +7,9 @@ import yaml
 
 from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework, run_in_own_session
 
+#: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
+RUNS_LONGEST = True
+
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "memory_gb", "memory_reserved_gb"}
 
 

@@ -17,6 +17,9 @@ from tests.conftest import CHECKPOINTED
 from tests.helpers import FAST, REPO, check_ok, losses, read_metrics, run_framework, run_in_own_session
 from tests.parity import assert_parity, assert_series_parity
 
+#: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
+RUNS_LONGEST = True
+
 transformers = pytest.importorskip("transformers")
 
 CONSTANT_LR = ["scheduler=constant", "scheduler.warmup_steps=0"]     # what the plain loop below does

@@ -25,6 +25,9 @@ from framework.strategies.registry import strategy_class
 from tests.docs_commands import run_by
 from tests.helpers import REPO, run_framework, run_in_own_session
 
+#: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
+RUNS_LONGEST = True
+
 
 def config(*overrides, world=1):
     register_configs()
