@@ -96,7 +96,26 @@ def _stage_class() -> type:
         def _forward_metadata_inference(self, *args, **kwargs):
             with inferring_shapes():
                 return super()._forward_metadata_inference(*args, **kwargs)
+
+        def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+            # A split backward (SPLIT_BACKWARD) names the weights it will differentiate by the module's
+            # parameters when it starts, before autograd's pre-backward hooks run. FSDP2 units resharded
+            # after forward (zero=stage3) then show their sharded parameters, which the graph never used:
+            # their weight gradients were silently never computed. Gathered first, they are the ones the
+            # forward used, for the inputs' half and, after a later micro-batch's forward resharded them
+            # again, for the weights' half.
+            if backward_type != "full":
+                _unshard_fsdp(self.submod)
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=last_backward)
     return Stage
+
+
+def _unshard_fsdp(module: nn.Module) -> None:
+    """All-gather every FSDP2 unit's parameters in `module` (a no-op for units already gathered)."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.unshard()
 
 
 def _documents_along(module: nn.Module, last: bool) -> nn.Module:
