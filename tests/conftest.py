@@ -119,8 +119,8 @@ def s3_env():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--matrix-run", action="store_true",
-                     help="also train every job of the combination matrix (tests/test_matrix.py): ~100 tiny runs")
+    parser.addoption("--matrix-plan-only", action="store_true",
+                     help="check the combination matrix's plan (tests/test_matrix.py) without training its jobs")
 
 
 def pytest_collection_modifyitems(items):
