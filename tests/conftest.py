@@ -2,14 +2,19 @@ import json
 import os
 from pathlib import Path
 
-import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+# Before torch loads OpenMP (here and in every job, which inherits it): a thread that finished its share of
+# an op sleeps instead of spinning. pytest-xdist runs two workers' jobs on the 2 cores, and threads spinning
+# in one job took the cores the other needed: four layout-test files took 218 s with spinning, 154 s without.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from framework import launch
-from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
-from tests.helpers import FAST, check_ok, losses, run_framework
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from framework import launch  # noqa: E402
+from framework.config.paths import CONFIG_DIR  # noqa: E402
+from framework.config_store import register_configs  # noqa: E402
+from tests.helpers import FAST, check_ok, losses, run_framework  # noqa: E402
 
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8
 CHECKPOINTED = ("checkpoint.enabled=true", "checkpoint.interval=4")
