@@ -89,24 +89,32 @@ def mlflow_server(tmp_path_factory):
     import urllib.request
 
     root = tmp_path_factory.mktemp("mlflow")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
+    # A free port is free only until someone binds it: the other pytest-xdist worker's jobs bind ports too, and
+    # the server takes seconds to start. One that lost its port exits; it is started again on another.
+    for attempt in range(5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                                 f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+                                 "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                                cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        uri = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
-        while True:
+        while proc.poll() is None:
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2):
                     break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (root / "server.log").read_text()[-3000:]
                 time.sleep(0.2)
+        if proc.poll() is None:
+            break
+        assert "address already in use" in (root / "server.log").read_text(), (root / "server.log").read_text()[-3000:]
+    else:
+        raise AssertionError("mlflow server: five ports taken before it could bind them")
+    try:
         yield uri
     finally:
         os.killpg(proc.pid, signal.SIGKILL)     # a test server: nothing of it is kept
