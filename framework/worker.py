@@ -10,7 +10,7 @@ import time
 import traceback
 
 from omegaconf import OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from framework import determinism, exit_codes, storage
 from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
@@ -55,11 +55,13 @@ def _run(cfg, run_dir: str, on_record) -> None:
         pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE if saved else 1)
     except (GpuFault, OutOfMemoryAtOneSequence) as e:
-        # every rank read the same gathered counts, or the same agreed report, and stopped at the same step
-        strategy.teardown()
+        # every rank read the same gathered counts, or the same agreed report, and stopped at the same step.
+        # Each records it for the launcher first: the first rank to exit gets its peers killed, the main one too.
+        ErrorHandler().record_exception(e)
         code = exit_codes.GPU_FAULT if isinstance(e, GpuFault) else 1
         if strategy.is_main:
             print(f"error: {'GPU fault: ' if code == exit_codes.GPU_FAULT else ''}{e}", file=sys.stderr, flush=True)
+        strategy.teardown()
         sys.exit(code)
     # Only after success: teardown synchronises all ranks, and a rank that raised must exit at once
     # (its peers may be blocked in a collective) so the elastic agent sees the failure and stops the group.

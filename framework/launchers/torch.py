@@ -188,8 +188,10 @@ def describe_failure(failure) -> str:
         return f"was killed by {failure.signal_name()}"
     if failure.exitcode == exit_codes.STALL:
         return f"stalled (trainer.stall_timeout_s; stacks in <run dir>/{STALL_DIR}/)"
-    if failure.exitcode == exit_codes.GPU_FAULT:
-        return "stopped on a GPU fault (host and GPU named above): restart without that node"
     message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+    if failure.exitcode == exit_codes.GPU_FAULT:
+        recorded = (message or "").partition(": ")[2]      # the worker recorded "GpuFault: rank ..."
+        return f"stopped on a GPU fault: {recorded}" if recorded.startswith("rank ") else \
+            "stopped on a GPU fault (host and GPU named above): restart without that node"
     first_line = (message or "").strip().splitlines()[-1:] or ["see its output above"]
     return f"failed with exit code {failure.exitcode}: {first_line[0]}"
