@@ -34,13 +34,14 @@ def reference_of(job: dict) -> dict:
     return {k: v for k, v in job.items() if k in REFERENCE_KEYS}
 
 
-def resumed_jobs(plan: Plan) -> list[int]:
+def resumed_jobs(plan: Plan, oracle: Oracle) -> list[int]:
     """Jobs whose resumes hold every option value at least once (greedy: the job with most values not yet
-    resumed first): each value is shown to resume exactly, at the cost of a few jobs rather than all."""
+    resumed per its cost first): each value is shown to resume exactly, at the cost of a few jobs, not all."""
     left = {item for job in plan.jobs for item in job.items()}
     chosen = []
     while left:
-        best = max(range(len(plan.jobs)), key=lambda i: (len(left & set(plan.jobs[i].items())), -i))
+        best = max(range(len(plan.jobs)),
+                   key=lambda i: (len(left & set(plan.jobs[i].items())) / oracle.cost(plan.jobs[i]), -i))
         if not left & set(plan.jobs[best].items()):
             break
         chosen.append(best)
@@ -50,19 +51,21 @@ def resumed_jobs(plan: Plan) -> list[int]:
 
 def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Executed:
     started = time.perf_counter()
-    references = []
+    references, reference_index = [], []     # job i's reference is references[reference_index[i]]
     for job in plan.jobs:
         ref = reference_of(job)
         assert oracle.verdict(ref) is None, f"the reference {ref} of {job} is refused: {oracle.verdict(ref)}"
-        if ref not in references:
+        same = [i for i, known in enumerate(references) if oracle.same_run(known, ref)]
+        if not same:
             references.append(ref)
-    chosen = resumed_jobs(plan)
+        reference_index.append(same[0] if same else len(references) - 1)
+    chosen = resumed_jobs(plan, oracle)
     commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
                [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)]
     dirs, proc = run_sweep(commands, root / "first", timeout)
     failures = [f"{d}: {proc.returncode}" for d in dirs if not (d / "metrics.jsonl").exists()]
     ref_dirs, job_dirs = dirs[:len(references)], dirs[len(references):]
-    executed = Executed(runs=job_dirs, references=[ref_dirs[references.index(reference_of(j))] for j in plan.jobs])
+    executed = Executed(runs=job_dirs, references=[ref_dirs[i] for i in reference_index])
     if proc.returncode != 0 or failures:
         executed.failures = failures or [f"the sweep exited {proc.returncode}"]
         executed.failures.append(proc.stderr[-6000:])

@@ -29,6 +29,8 @@ MAX_WORLD = 4
 #: hooks, checkpointing and DTensor inside the graph - is crossed; inductor's numerics are held to parity by
 #: tests/test_compile.py.
 CHEAPER = {("trainer.compile", True): ("trainer.compile_backend=aot_eager",)}
+#: what a compiled job costs, in ranks of an eager one (dynamo and AOTAutograd trace every stage: 10-30 s)
+COMPILED_COST = 4
 
 
 class Refused(Exception):
@@ -46,6 +48,7 @@ class Oracle:
         self.fields = [a for a in axes if not a.is_group]
         self._composed: dict[tuple, object] = {}
         self._verdicts: dict[tuple, str | None] = {}
+        self._worlds: dict[tuple, int] = {}
         register_configs()
         OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
         OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
@@ -84,14 +87,29 @@ class Oracle:
             self._verdicts[key] = self._judge(job)
         return self._verdicts[key]
 
+    def config(self, job: dict):
+        """The config `job` composes to (Hydra's errors raised)."""
+        groups = self.group_overrides(job)
+        cfg = copy.deepcopy(self._compose(tuple(groups)))
+        for override in self.overrides(job)[len(groups):]:   # as Hydra applies a command-line override
+            key, _, value = override.partition("=")
+            OmegaConf.update(cfg, key, yaml_value(value), merge=True)
+        return cfg
+
+    def same_run(self, a: dict, b: dict) -> bool:
+        """Whether two jobs compose to the same config (a value set to its default is the default)."""
+        return OmegaConf.to_yaml(self.config(a)) == OmegaConf.to_yaml(self.config(b))
+
+    def cost(self, job: dict) -> int:
+        """What running an admitted job costs, roughly: its ranks, a compiled one COMPILED_COST times more."""
+        assert self.verdict(job) is None, job
+        return self._worlds[tuple(sorted(job.items()))] * (COMPILED_COST if job.get("trainer.compile") else 1)
+
     def _judge(self, job: dict) -> str | None:
         groups = self.group_overrides(job)
         fields = self.overrides(job)[len(groups):]
         try:
-            cfg = copy.deepcopy(self._compose(tuple(groups)))
-            for override in fields:       # as Hydra applies a command-line override to a composed config
-                key, _, value = override.partition("=")
-                OmegaConf.update(cfg, key, yaml_value(value), merge=True)
+            cfg = self.config(job)
         except (HydraException, OmegaConfBaseException) as e:
             return "hydra: " + " ".join(str(e).split())
         try:
@@ -99,6 +117,7 @@ class Oracle:
         except ConfigError as e:
             return f"error: {e}"
         if world <= MAX_WORLD:
+            self._worlds[tuple(sorted(job.items()))] = world
             return None
         degrees = " x ".join(f"parallel.{d}" for d in DIMS)
         return f"too large: {world} ranks ({degrees}); the matrix runs at most {MAX_WORLD}"
