@@ -136,6 +136,12 @@ def pytest_addoption(parser):
                      help="check the combination matrix's plan (tests/test_matrix.py) without training its jobs")
 
 
+def pytest_configure(config):
+    # pytest-xdist hands out files by their number of tests, most first, unless told to keep this order
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
     """Modules that say `RUNS_LONGEST = True` first: pytest-xdist hands out files in this order, and a
     module of many minutes started last would run alone at the end while the other workers idle."""

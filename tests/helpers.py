@@ -32,20 +32,20 @@ DEEPSPEED_Z3 = ("parallel=deepspeed", "zero=stage3", "parallel.stage3_param_pers
 
 def run_framework(args: list[str], run_dir: Path | None = None, timeout: float = 300,
                   torchrun_nproc: int | None = None, env: dict | None = None,
-                  module: str = "framework") -> subprocess.CompletedProcess:
-    """`python -m framework ARGS hydra.run.dir=RUN_DIR`, or the same under torchrun. Forked from the
+                  module: str = "framework", cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`python -m framework ARGS hydra.run.dir=RUN_DIR` in `cwd`, or the same under torchrun. Forked from the
     session's job server (tests/job_server.py) where the job's environment lets it, a new interpreter
     otherwise: the same job either way."""
     if run_dir is not None:
         args = [*args, f"hydra.run.dir={run_dir}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if not torchrun_nproc and job_client.serves(full_env):
-        return job_client.run(module, args, REPO, full_env, timeout)
+        return job_client.run(module, args, cwd, full_env, timeout)
     cmd = [sys.executable]
     if torchrun_nproc:
         cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun_nproc}"]
     cmd += ["-m", module, *args]
-    return run_in_own_session(cmd, cwd=REPO, env=full_env, timeout=timeout)
+    return run_in_own_session(cmd, cwd=cwd, env=full_env, timeout=timeout)
 
 
 def run_in_own_session(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:

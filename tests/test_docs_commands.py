@@ -5,14 +5,12 @@ than the checkout, shortened to 2 steps, each ending with a finite loss and vali
 multi-process."""
 import json
 import math
-import os
 import shlex
-import sys
 
 import pytest
 
 from tests import docs_commands
-from tests.helpers import REPO, run_in_own_session
+from tests.helpers import REPO, run_framework
 
 #: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
 RUNS_LONGEST = True
@@ -37,9 +35,8 @@ def test_the_docs_show_the_examples_this_module_runs():
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.text[len("python -m framework "):][:60] or "default")
 def test_docs_command_runs(tmp_path, command):
     args = shlex.split(command.text)[3:]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = run_in_own_session([sys.executable, "-m", "framework", *args, *SHORTEN], cwd=tmp_path, env=env,
-                              timeout=1200)
+    # as a user runs it: the installed package, from a directory of their own
+    proc = run_framework([*args, *SHORTEN], cwd=tmp_path, timeout=1200)
     assert proc.returncode == 0, f"{command.page}: {command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     runs = list((tmp_path / "outputs").rglob("metrics.jsonl"))
     assert runs, "no run dir under the working directory"

@@ -5,7 +5,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.models.llama import Llama
 from framework.trainer import cross_entropy
-from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, REPO, check_ok, losses, run_framework, run_in_own_session
+from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, check_ok, losses, run_framework
 
 transformers = pytest.importorskip("transformers")
 
@@ -44,8 +43,7 @@ def step_dir(run_dir: Path) -> Path:
 
 
 def export(ckpt: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_in_own_session([sys.executable, "-m", "framework.export", str(ckpt), str(out), *extra],
-                          cwd=REPO, timeout=120)
+    return run_framework([str(ckpt), str(out), *extra], module="framework.export", timeout=120)
 
 
 def our_model(ckpt: Path) -> Llama:

@@ -12,8 +12,7 @@ from framework.checkpoint.manager import read_meta
 from framework.export.read import READERS
 from framework.models.spec import spec_for
 from tests.conftest import CHECKPOINTED
-from tests.helpers import (FAST, REPO, SAVE_LAST, assert_planned_model_states, check_ok, losses, run_framework,
-                           run_in_own_session)
+from tests.helpers import FAST, SAVE_LAST, assert_planned_model_states, check_ok, losses, run_framework
 from tests.parity import assert_parity
 
 transformers = pytest.importorskip("transformers")
@@ -66,8 +65,7 @@ def test_pipeline_resume_is_exact_and_reshards_to_single(tmp_path, runs):
 def test_export_loads_in_transformers_with_our_logits_and_loads_back(tmp_path, runs):
     ckpt = runs("fsdp_z3") / "checkpoints" / "step_00000008"
     out = tmp_path / "hf"
-    proc = run_in_own_session([torch.sys.executable, "-m", "framework.export", str(ckpt), str(out)], cwd=REPO,
-                              timeout=120)
+    proc = run_framework([str(ckpt), str(out)], module="framework.export", timeout=120)
     assert proc.returncode == 0, proc.stderr
     cfg = OmegaConf.load(ckpt / "config.yaml")
     spec = spec_for(cfg.model)

@@ -3,7 +3,6 @@ with the losses of a plain transformers training loop on the same batches (the L
 safetensors files, which sharded layouts read each rank's shards from); the HF Llama and our Llama
 loaded from the same weights agree; resume is exact, with dropout too (the RNG state comes back); the export
 loads back with from_pretrained."""
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from framework.checkpoint.manager import read_meta
 from framework.data.batches import build_samplers
 from framework.export.read import READERS
 from tests.conftest import CHECKPOINTED
-from tests.helpers import FAST, REPO, check_ok, losses, read_metrics, run_framework, run_in_own_session
+from tests.helpers import FAST, REPO, check_ok, losses, read_metrics, run_framework
 from tests.parity import assert_parity, assert_series_parity
 
 #: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
@@ -141,7 +140,7 @@ def test_resume_is_exact_and_the_export_loads_with_from_pretrained(tmp_path, run
     assert_parity(tmp_path / "resumed", run_dir)
 
     ckpt, out = run_dir / "checkpoints" / "step_00000008", tmp_path / "hf"
-    proc = run_in_own_session([sys.executable, "-m", "framework.export", str(ckpt), str(out)], cwd=REPO, timeout=120)
+    proc = run_framework([str(ckpt), str(out)], module="framework.export", timeout=120)
     assert proc.returncode == 0, proc.stderr
     state = READERS[read_meta(str(ckpt))["format"]](str(ckpt))
     trained = transformers.AutoModelForCausalLM.from_pretrained(saved["llama"], dtype=torch.float32).eval()

@@ -2,14 +2,12 @@
 checkout, shortened to 2 steps, and ends with a finite loss."""
 import json
 import math
-import os
 import shlex
-import sys
 
 import pytest
 
 from tests.docs_commands import run_by
-from tests.helpers import REPO, run_in_own_session
+from tests.helpers import run_framework
 
 SHORTEN = ["trainer.max_steps=2", "trainer.eval_batches=1", "trainer.progress_bar=false"]
 
@@ -24,9 +22,7 @@ def test_the_page_shows_commands():
 
 @pytest.mark.parametrize("command", page_commands())
 def test_page_command_runs(tmp_path, command):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
-    proc = run_in_own_session([sys.executable, "-m", "framework", *shlex.split(command)[3:], *SHORTEN], cwd=tmp_path,
-                              env=env, timeout=600)
+    proc = run_framework([*shlex.split(command)[3:], *SHORTEN], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, f"{command}\n{proc.stderr[-4000:]}"
     runs = list((tmp_path / "outputs").rglob("metrics.jsonl"))
     assert len(runs) == 1, runs

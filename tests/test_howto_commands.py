@@ -4,14 +4,12 @@
 page's `export` line does at the one it starts."""
 import json
 import math
-import os
 import shlex
-import sys
 
 import pytest
 
 from tests import docs_commands
-from tests.helpers import REPO, run_in_own_session
+from tests.helpers import run_framework
 from tests.test_docs_commands import SHORTEN
 
 COMMANDS = docs_commands.run_by(__file__)
@@ -26,9 +24,8 @@ def test_howto_command_runs(tmp_path, mlflow_server, command):
     words = shlex.split(command.text)
     assignments = dict(w.split("=", 1) for w in words[:words.index("python")])
     args = words[words.index("python") + 3:]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "MLFLOW_TRACKING_URI": mlflow_server,
-           **assignments}
-    proc = run_in_own_session([sys.executable, "-m", "framework", *args, *SHORTEN], cwd=tmp_path, env=env, timeout=600)
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, **assignments}
+    proc = run_framework([*args, *SHORTEN], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     [metrics] = list((tmp_path / "outputs").rglob("metrics.jsonl"))
     last = json.loads(metrics.read_text().splitlines()[-1])

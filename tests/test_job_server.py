@@ -46,7 +46,8 @@ def _in_session(session: int) -> set[int]:
 
 def test_a_job_past_its_timeout_is_killed_with_its_workers(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as expired:
-        run_framework([*FAST, "parallel=ddp", "trainer.max_steps=100000"], tmp_path / "run", timeout=10)
+        # long enough for the job to start on a loaded host (pytest-xdist: 10 s was too short once)
+        run_framework([*FAST, "parallel=ddp", "trainer.max_steps=100000"], tmp_path / "run", timeout=30)
     assert (tmp_path / "run" / "metrics.jsonl").exists()        # it trained: the workers were there to kill
     deadline = time.monotonic() + 10     # SIGKILL is delivered at once; a process takes a moment to go
     while _in_session(expired.value.session) and time.monotonic() < deadline:

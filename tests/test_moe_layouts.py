@@ -8,7 +8,6 @@ resharded to single. The runs are shared by the whole module."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.loss import cross_entropy
 from framework.models.moe.spec import SPEC
-from tests.helpers import (FAST, REPO, assert_planned_model_states, check_ok, max_rel_diff, read_metrics,
-                           run_framework, run_in_own_session)
+from tests.helpers import (FAST, assert_planned_model_states, check_ok, max_rel_diff, read_metrics,
+                           run_framework)
 
 STEPS = 4
 MOE = ["model=moe_tiny", f"trainer.max_steps={STEPS}", "checkpoint.enabled=true", f"checkpoint.interval={STEPS}"]
@@ -105,8 +104,7 @@ def our_model(ckpt: Path, weights=None):
 def exported(runs, tmp_path_factory) -> Path:
     runs("fsdp_z3")
     out = tmp_path_factory.mktemp("hf") / "moe"
-    proc = run_in_own_session([sys.executable, "-m", "framework.export", str(step_dir("fsdp_z3")), str(out)],
-                              cwd=REPO, timeout=120)
+    proc = run_framework([str(step_dir("fsdp_z3")), str(out)], module="framework.export", timeout=120)
     assert proc.returncode == 0, proc.stderr
     return out
 
