@@ -51,14 +51,15 @@ def resumed_jobs(plan: Plan, oracle: Oracle) -> list[int]:
 
 def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Executed:
     started = time.perf_counter()
-    references, reference_index = [], []     # job i's reference is references[reference_index[i]]
+    references, index_of, reference_index = [], {}, []   # job i's reference is references[reference_index[i]]
     for job in plan.jobs:
         ref = reference_of(job)
         assert oracle.verdict(ref) is None, f"the reference {ref} of {job} is refused: {oracle.verdict(ref)}"
-        same = [i for i, known in enumerate(references) if oracle.same_run(known, ref)]
-        if not same:
+        composed = oracle.composed(ref)       # one run per config, however the job spelled it
+        if composed not in index_of:
+            index_of[composed] = len(references)
             references.append(ref)
-        reference_index.append(same[0] if same else len(references) - 1)
+        reference_index.append(index_of[composed])
     chosen = resumed_jobs(plan, oracle)
     commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
                [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)]

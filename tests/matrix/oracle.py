@@ -82,7 +82,7 @@ class Oracle:
 
     def verdict(self, job: dict) -> str | None:
         """None if the framework admits `job` (within MAX_WORLD ranks), else the reason, one line."""
-        key = tuple(sorted(job.items()))
+        key = _key(job)
         if key not in self._verdicts:
             self._verdicts[key] = self._judge(job)
         return self._verdicts[key]
@@ -96,14 +96,14 @@ class Oracle:
             OmegaConf.update(cfg, key, yaml_value(value), merge=True)
         return cfg
 
-    def same_run(self, a: dict, b: dict) -> bool:
-        """Whether two jobs compose to the same config (a value set to its default is the default)."""
-        return OmegaConf.to_yaml(self.config(a)) == OmegaConf.to_yaml(self.config(b))
+    def composed(self, job: dict) -> str:
+        """The config `job` composes to, as text: jobs that set a value to its default give the same text."""
+        return OmegaConf.to_yaml(self.config(job))
 
     def cost(self, job: dict) -> int:
         """What running an admitted job costs, roughly: its ranks, a compiled one COMPILED_COST times more."""
         assert self.verdict(job) is None, job
-        return self._worlds[tuple(sorted(job.items()))] * (COMPILED_COST if job.get("trainer.compile") else 1)
+        return self._worlds[_key(job)] * (COMPILED_COST if job.get("trainer.compile") else 1)
 
     def _judge(self, job: dict) -> str | None:
         groups = self.group_overrides(job)
@@ -117,10 +117,14 @@ class Oracle:
         except ConfigError as e:
             return f"error: {e}"
         if world <= MAX_WORLD:
-            self._worlds[tuple(sorted(job.items()))] = world
+            self._worlds[_key(job)] = world
             return None
         degrees = " x ".join(f"parallel.{d}" for d in DIMS)
         return f"too large: {world} ranks ({degrees}); the matrix runs at most {MAX_WORLD}"
+
+
+def _key(job: dict) -> tuple:
+    return tuple(sorted(job.items()))
 
 
 def yaml_value(text: str):
