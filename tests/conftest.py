@@ -140,6 +140,19 @@ def pytest_configure(config):
     # pytest-xdist hands out files by their number of tests, most first, unless told to keep this order
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):      # once, in the process that starts the workers
+        _byte_compile_the_checkout()
+
+
+def _byte_compile_the_checkout() -> None:
+    """The jobs that need an interpreter of their own (Ray's workers, torchrun, a planted bug's session, a
+    job setting what torch reads at start) import the framework from its sources. With PYTHONDONTWRITEBYTECODE
+    set, as on CI's machine, none of them kept what it compiled, and each compiled every module again (~1 s
+    of CPU a process, some 300 processes a run). compileall writes the .pyc files whatever that variable says."""
+    import compileall
+    root = Path(__file__).resolve().parents[1]
+    for package in ("framework", "tests"):
+        compileall.compile_dir(root / package, quiet=1)
 
 
 def pytest_collection_modifyitems(items):

@@ -22,12 +22,25 @@ READ_AT_START = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "PYTHON", "
 _server: dict = {}
 
 
+
+
+def written_by_libraries() -> dict[str, str]:
+    """Variables under READ_AT_START that libraries write into os.environ as they run, with the value they
+    write, and that torch reads when it uses them, not when it starts: inductor its cache dir, the first
+    time it looks it up; deepspeed's import PYTORCH_NVML_BASED_CUDA_CHECK. Once this process compiled
+    anything or imported deepspeed, every later job carried them and got an interpreter of its own (in one
+    CI run: ~250 jobs and as many fork servers, each importing torch and the framework again)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    return {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir(), "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
 def serves(env: dict) -> bool:
     if os.environ.get(OFF) == "1":
         return False
     start = _server.get("env") or os.environ
-    return all(env.get(k) == start.get(k) for k in {*env, *start} if k.startswith(READ_AT_START)
-               and k != "PYTHONUNBUFFERED")
+    written = written_by_libraries()
+    return all(env.get(k) == start.get(k) or (k not in start and env.get(k) == written.get(k))
+               for k in {*env, *start} if k.startswith(READ_AT_START) and k != "PYTHONUNBUFFERED")
 
 
 def address() -> str:

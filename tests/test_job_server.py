@@ -1,5 +1,6 @@
 """The suite's jobs fork from tests/job_server.py; a job run there must be the job a fresh interpreter runs:
 the same losses to the bit, the same output, the same exit code and one-line error, its environment its own."""
+import os
 import re
 import subprocess
 import time
@@ -34,6 +35,17 @@ def test_a_served_job_fails_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
 def test_a_job_setting_what_torch_reads_at_start_gets_its_own_interpreter():
     assert not job_client.serves({"TORCH_LOGS": "dynamo"})
     assert not job_client.serves({"OMP_NUM_THREADS": "7"})
+
+
+def test_jobs_after_a_compile_or_a_deepspeed_import_in_this_process_are_still_served(monkeypatch):
+    written = job_client.written_by_libraries()
+    started = {k: v for k, v in os.environ.items() if k not in written}
+    monkeypatch.setitem(job_client._server, "env", started)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    import deepspeed  # noqa: F401
+    cache_dir()
+    assert job_client.serves(dict(os.environ))
+    assert not job_client.serves({**os.environ, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})
 
 
 def _in_session(session: int) -> set[int]:

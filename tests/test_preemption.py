@@ -141,7 +141,8 @@ def test_without_a_checkpoint_the_launcher_says_so_and_does_not_ask_for_a_requeu
     assert stopped.returncode not in (0, exit_codes.REQUEUE), stopped.stderr[-4000:]
     assert 3 <= _logged_steps(run_dir) < STEPS
     last = stopped.stderr.strip().splitlines()[-1]
-    assert last == "error: stopped by SIGTERM without a checkpoint of the last step (checkpoint.enabled=false)", last
+    assert last == "error: stopped by SIGTERM without a checkpoint of the last step (checkpoint.enabled=false)", \
+        stopped.stderr[-4000:]
     assert "the checkpoint is saved" not in stopped.stderr
 
 
