@@ -129,8 +129,10 @@ def preload() -> tuple[str, ...]:
 
 def serve(address: str) -> None:
     import importlib
+    import gc
     for module in preload():
         importlib.import_module(module)
+    gc.freeze()     # as the workers' fork server does (framework/fork_server_freeze.py), for each job's own collections
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # nannies are reaped by the kernel
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address + ".tmp")

@@ -35,7 +35,9 @@ for s in {list(STRATEGIES)!r}:
     for m in mods:
         importlib.import_module(m)
     out[s] = list(mods)
-print(json.dumps({{"modules": out, "asked": asked, "ds_accelerator": os.environ.get("DS_ACCELERATOR")}}))
+import gc, framework.fork_server_freeze
+print(json.dumps({{"modules": out, "asked": asked, "ds_accelerator": os.environ.get("DS_ACCELERATOR"),
+                  "frozen": gc.get_freeze_count()}}))
 """
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
@@ -51,6 +53,19 @@ def test_every_module_a_cpu_job_preloads_exists_and_deepspeed_gets_its_accelerat
     assert "torch.distributed.optim" in mods["ddp"] and "framework.parallel.parallelize" in mods["fsdp"]
     # DeepSpeed picks its accelerator on import: the server must see what the workers will set
     assert got["ds_accelerator"] == "cpu"
+    assert got["frozen"] > 0        # what it imported is out of the workers' collections
+
+
+def test_the_server_freezes_its_imports_last_before_it_forks_workers(monkeypatch):
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from framework.launchers.torch import start_fork_server
+    preloaded = []
+    monkeypatch.setattr(multiprocessing, "set_forkserver_preload", preloaded.extend)
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: None)
+    start_fork_server(("framework.parallel.parallelize",))
+    assert preloaded[-2:] == ["framework.fork_server_freeze", "framework.fork_server_exit"]
 
 
 def test_what_a_gpu_job_preloads_never_asks_cuda():

@@ -65,7 +65,8 @@ def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()
     SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
-    multiprocessing.set_forkserver_preload([*FORK_SERVER_PRELOAD, *strategy_modules, "framework.fork_server_exit"])
+    multiprocessing.set_forkserver_preload([*FORK_SERVER_PRELOAD, *strategy_modules, "framework.fork_server_freeze",
+                                          "framework.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
 
