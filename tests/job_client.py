@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import select
@@ -22,8 +23,7 @@ READ_AT_START = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "PYTHON", "
 _server: dict = {}
 
 
-
-
+@functools.cache
 def written_by_libraries() -> dict[str, str]:
     """Variables under READ_AT_START that libraries write into os.environ as they run, with the value they
     write, and that torch reads when it uses them, not when it starts: inductor its cache dir, the first

@@ -124,15 +124,14 @@ def preload() -> tuple[str, ...]:
     from framework.launchers.torch import FORK_SERVER_PRELOAD
     from framework.strategies.registry import all_strategy_classes
     workers = {m for cls in all_strategy_classes().values() for m in cls.worker_modules}
-    return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers))
+    # the freeze last, as the workers' fork server imports it: each job collects only what it made itself
+    return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers), "framework.fork_server_freeze")
 
 
 def serve(address: str) -> None:
     import importlib
-    import gc
     for module in preload():
         importlib.import_module(module)
-    gc.freeze()     # as the workers' fork server does (framework/fork_server_freeze.py), for each job's own collections
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # nannies are reaped by the kernel
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address + ".tmp")
