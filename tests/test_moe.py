@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 from omegaconf import OmegaConf
 
 from framework.config.schema import ActivationCheckpointingConfig
@@ -16,6 +18,7 @@ from framework.models.llama.model import init_parameter
 from framework.models.moe.model import MoETransformer
 from framework.models.moe.spec import SPEC
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
+from framework.parallel.expert_parallel import apply_expert_parallel
 from tests.helpers import REPO
 
 TINY = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, n_experts=4, top_k=2, moe_ffn_dim=16)
@@ -62,6 +65,41 @@ def test_grouped_gemm_equals_the_loop_forward_and_backward():
             t.grad = None
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def one_rank_mesh():
+    """A one-rank gloo group in this process, for the expert-parallel dispatcher (its all-to-alls)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_compiled_moe_layers_compile_once_whatever_the_layer_and_the_routing(expert_parallel, request):
+    """The experts and the dispatcher split rows by counts the router decides, and the balance bookkeeping
+    indexes by layer and counts forwards: traced into a block's graph, dynamo would specialize on them and
+    recompile for every new routing, layer and micro-batch (until its cache limit, after which it runs eagerly).
+    They run eagerly between the compiled parts instead, with the same numbers: the graphs of the first layer's
+    first forward serve every later layer and batch."""
+    import torch._dynamo
+    model = build()
+    if expert_parallel:
+        apply_expert_parallel(model, request.getfixturevalue("one_rank_mesh"))
+    torch._dynamo.reset()
+    layers = [(ffn, torch.compile(ffn, backend="aot_eager"))
+              for ffn in (model.layers[i].feed_forward for i in ("0", "1"))]
+    graphs = []
+    for seed in range(4):                  # four batches, four routings
+        for ffn, compiled in layers:
+            x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+            got = compiled(x)
+            got.sum().backward()
+            graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+            torch.testing.assert_close(got, ffn(x), atol=1e-6, rtol=1e-5)
+    assert graphs == graphs[:1] * len(graphs), f"graphs compiled after each layer's forward: {graphs}"
 
 
 def test_parameter_counts_come_from_shapes():

@@ -67,7 +67,10 @@ class AllToAllDispatcher:
         self.replicas = replicas.get_group() if replicas is not None and replicas.size() > 1 else None
         self.copies = replicas.size() if self.replicas is not None else 1
 
+    @torch.compiler.disable
     def __call__(self, routed: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
+        """Eager inside a compiled block: every split here is set by the routing, which a graph would specialize
+        on (a recompile per routing pattern until dynamo's cache limit)."""
         ranks = self.size
         mine = counts.numel() // ranks                          # experts per rank
         recv_counts = torch.empty_like(counts)

@@ -115,29 +115,48 @@ def _counts(counts: torch.Tensor) -> bool:
 def observe(layer, scores: torch.Tensor, counts: torch.Tensor):
     """Note a forward of `layer` (scores (tokens, E), counts (E,) tokens per expert); the auxiliary loss to
     attach to its output (None where there is none)."""
-    gathering = _GATHERING[0]
-    if gathering is not None:
-        if _counts(counts):
-            gathering[0, layer.layer_id] += counts.detach().double()
-            gathering[1, layer.layer_id] += normalised(scores.detach()).sum(0).double()
+    if _GATHERING[0] is not None:
+        _gather(layer, scores, counts)
         return None
     if not (layer.training and torch.is_grad_enabled()):
         return None
     args = layer.args
     attach = args.balance == "aux_loss" and args.aux_loss_coef > 0
-    stepped = _STEP.get("fractions")
-    fractions = stepped[layer.layer_id] if stepped is not None else local_fractions(counts.detach(), args.top_k)
+    fractions = _fractions(layer, counts)
     # the same ops in every forward, checkpointing's recompute included (whatever counts): it must save
     # what the forward saved; with gradient only where the loss is attached
     with torch.set_grad_enabled(attach):
         aux = aux_loss(scores, fractions)
-    # a training forward, not a recompute inside backward
-    if stepped is None and _counts(counts) and torch._C._current_graph_task_id() == -1:
-        _register(layer)
-        layer.load_tally = layer.load_tally + counts.detach().double()
-        layer.aux_tally = layer.aux_tally + aux.detach().double()
-        layer.forwards += 1
+    _tally(layer, counts, aux)
     return aux if attach else None
+
+
+# The bookkeeping runs eagerly inside a compiled block: traced, it would make the graph guard on the layer's
+# index and forward count, a recompile per layer and per micro-batch (past dynamo's cache limit on deep models).
+
+@torch.compiler.disable
+def _gather(layer, scores: torch.Tensor, counts: torch.Tensor) -> None:
+    if _counts(counts):
+        _GATHERING[0][0, layer.layer_id] += counts.detach().double()
+        _GATHERING[0][1, layer.layer_id] += normalised(scores.detach()).sum(0).double()
+
+
+@torch.compiler.disable
+def _fractions(layer, counts: torch.Tensor) -> torch.Tensor:
+    """f_e: the step's global fractions from its pass, else this forward's own."""
+    stepped = _STEP.get("fractions")
+    return stepped[layer.layer_id] if stepped is not None else local_fractions(counts.detach(), layer.args.top_k)
+
+
+@torch.compiler.disable
+def _tally(layer, counts: torch.Tensor, aux: torch.Tensor) -> None:
+    """Without a pass, add a training forward's loads (not a recompute inside backward) to the layer's tally."""
+    if "fractions" in _STEP or not _counts(counts) or torch._C._current_graph_task_id() != -1:
+        return
+    _register(layer)
+    layer.load_tally = layer.load_tally + counts.detach().double()
+    layer.aux_tally = layer.aux_tally + aux.detach().double()
+    layer.forwards += 1
 
 
 def with_aux_loss(hidden: torch.Tensor, aux, coef: float) -> torch.Tensor:

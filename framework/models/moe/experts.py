@@ -33,9 +33,9 @@ def _aligned(*weights: torch.Tensor) -> bool:
 
 
 def _grouped_here(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """CUDA's grouped_mm takes bf16 only; torch 2.13's CPU kernel takes fp32 too, but not its meta kernel, which
-    a compiled block traces through."""
-    return w.dtype == torch.bfloat16 or (x.device.type == "cpu" and not torch.compiler.is_compiling())
+    """CUDA's grouped_mm takes bf16 only; torch 2.13's CPU kernel takes fp32 too (eagerly: its meta kernel,
+    which a compiled block traces through, takes bf16 only)."""
+    return w.dtype == torch.bfloat16 or x.device.type == "cpu"
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -43,9 +43,18 @@ def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.T
     return _ContiguousGrad.apply(torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets))
 
 
+def _grouped_traceable(w1: torch.Tensor, w2: torch.Tensor, compute: str) -> bool:
+    """Whether a compiled block can trace the experts as one graph: the grouped GEMM, whose shapes do not
+    depend on the routing (the loop splits by counts, data a graph would specialize on: a recompile for
+    every new routing until dynamo's cache limit)."""
+    return compute != "loop" and has_grouped_mm() and w1.dtype == torch.bfloat16 and _aligned(w1, w2)
+
+
 def expert_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor,
                   compute: str = "auto") -> torch.Tensor:
     """x (tokens sorted by expert, dim), counts (E,) -> w2[e] (silu(w1[e] x) * w3[e] x) for each row's expert."""
+    if torch.compiler.is_compiling() and not _grouped_traceable(w1, w2, compute):
+        return _in_eager(x, counts, w1, w3, w2, compute)
     if is_fake(x):
         # the planner's pass over fake tensors: the same shapes and dtypes, without splitting by counts
         # (data it does not have) or grouped_mm (whose meta kernel takes bf16 only)
@@ -62,3 +71,7 @@ def expert_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: t
     for e, rows in enumerate(x.to(w1.dtype).split(counts.tolist())):
         outs.append(F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e]))
     return torch.cat(outs)
+
+
+#: the experts outside the compiled graph, run eagerly where the routing decides shapes (one graph break)
+_in_eager = torch.compiler.disable(expert_swiglu)
