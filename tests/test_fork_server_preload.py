@@ -81,3 +81,56 @@ def test_a_job_is_not_made_to_wait_for_costly_modules_its_workers_never_use():
     plain = OmegaConf.create({"device": "cpu", "zero": {"stage": 0}, "parallel": {"pp": 1}})
     assert "torch.distributed.optim" not in strategy_class("ddp").worker_preload(plain)
     assert "torch.distributed.pipelining" not in strategy_class("3d").worker_preload(plain)
+
+
+def _what_a_worker_finds(queue) -> None:
+    queue.put((os.getppid(), "wave" in sys.modules, "tabnanny" in sys.modules))
+
+
+def _fork_a_worker():
+    import multiprocessing
+    ctx = multiprocessing.get_context("forkserver")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_what_a_worker_finds, args=(queue,))
+    child.start()
+    found = queue.get(timeout=60)
+    child.join(timeout=60)
+    return found
+
+
+def test_a_sweep_point_whose_workers_need_more_gets_a_server_that_preloads_what_both_points_need(monkeypatch):
+    """A sweep's launcher keeps its fork server from point to point; a point needing modules the server did not
+    preload replaces it with one that preloads both points' (never one that drops the earlier point's)."""
+    from multiprocessing import forkserver
+
+    from framework.launchers import torch as launcher
+    forkserver._forkserver._stop()                 # whatever this process ran before
+    monkeypatch.setattr(launcher, "_SERVED", [()])
+    try:
+        launcher.start_fork_server(("wave",))
+        first = _fork_a_worker()
+        launcher.start_fork_server(("tabnanny",))
+        second = _fork_a_worker()
+        launcher.start_fork_server(("wave",))
+        third = _fork_a_worker()
+    finally:
+        forkserver._forkserver._stop()
+    assert first[1:] == (True, False)
+    assert second[0] != first[0] and second[1:] == (True, True)
+    assert third == second                         # the same server: it already preloads both
+
+
+def test_a_cpu_job_preloads_what_its_model_float8_and_compile_import_and_each_exists(compose_config, tmp_path):
+    from framework.models.spec import spec_named
+    from framework.strategies.registry import strategy_class
+    job = ["parallel=fsdp", "precision=float8", "trainer.compile=true", "device=cpu",
+           *spec_named("hf").smallest_overrides(str(tmp_path))]
+    cpu = strategy_class("fsdp").fork_server_preload(compose_config(job))
+    for wanted in ("transformers.models.llama.modeling_llama", "torchao.float8", "torch._inductor.pattern_matcher"):
+        assert wanted in cpu, cpu
+    proc = subprocess.run([sys.executable, "-c", f"import importlib\nfor m in {list(cpu)!r}: importlib.import_module(m)"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # on a GPU only the strategy's own (what the other imports might ask CUDA is not known)
+    gpu = strategy_class("fsdp").fork_server_preload(compose_config([*job[:-1], "device=cuda"]))
+    assert gpu == strategy_class("fsdp").worker_preload(compose_config(job))

@@ -30,7 +30,7 @@ class TorchEngine(Engine):
 
     def prepare(self) -> None:
         if self.spawns:
-            start_fork_server(self.strategy_cls.worker_preload(self.cfg), self.cfg.launcher.preempt_signals)
+            start_fork_server(self.strategy_cls.fork_server_preload(self.cfg), self.cfg.launcher.preempt_signals)
 
     def run(self, run_dir: str) -> None:
         if self.spawns:
@@ -55,20 +55,30 @@ class TorchEngine(Engine):
 FORK_SERVER_PRELOAD = ("framework.worker", "torch._dynamo")
 
 
-def start_fork_server(strategy_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
-    """Workers fork from one server process that imported torch, the trainer and what the strategy's
-    workers use once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on
-    2 cores started ~20 s later). Started as soon as the job is known to spawn workers, its imports
-    overlap the launcher's own. A server already running (an earlier job of a sweep) is kept.
+#: what the running fork server preloaded (a sweep's later points reuse it)
+_SERVED: list[tuple[str, ...]] = [()]
+
+
+def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
+    """Workers fork from one server process that imported torch, the trainer and what this job's workers use
+    once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on 2 cores started
+    ~20 s later). Started as soon as the job is known to spawn workers, its imports overlap the launcher's
+    own. A server already running (an earlier point of a sweep) is kept if it preloaded everything this job's
+    workers import; else it is replaced by one that preloads what both jobs need, so that a sweep's points
+    pay each import once, not once a worker.
 
     The server (and multiprocessing's resource tracker, started with it) ignores the preemption signals:
     SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
-    multiprocessing.set_forkserver_preload([*FORK_SERVER_PRELOAD, *strategy_modules, "framework.fork_server_freeze",
-                                          "framework.fork_server_exit"])
+    server = forkserver._forkserver
+    wanted = tuple(dict.fromkeys([*_SERVED[0], *FORK_SERVER_PRELOAD, *worker_modules]))
+    if server._forkserver_pid is not None and wanted != _SERVED[0]:
+        server._stop()          # multiprocessing's own way to stop it (its tests use it)
+    multiprocessing.set_forkserver_preload([*wanted, "framework.fork_server_freeze", "framework.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
+    _SERVED[0] = wanted
 
 
 def checkpoint_of_last_step(cfg: DictConfig, run_dir: str, since: float) -> str | None:

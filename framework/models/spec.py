@@ -70,6 +70,11 @@ class ModelSpec:
         """Import what build needs, before any construction context (deepspeed.zero.Init patches tensor
         creation, which modules imported inside it may not survive)."""
 
+    def worker_modules(self, model_cfg) -> tuple[str, ...]:
+        """What a worker imports to build this model, beyond the framework itself (see
+        Strategy.fork_server_preload)."""
+        return ()
+
     def meta_skeleton(self, model_cfg) -> nn.Module:
         """The model with its parameters on the meta device, for a rank to allocate and fill shard by shard."""
         with torch.device("meta"):

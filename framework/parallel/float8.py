@@ -33,6 +33,11 @@ def _named(fqn: str, names: Iterable[str]) -> bool:
     return any(fqn == name or fqn.endswith("." + name) for name in names)
 
 
+def worker_modules(precision_cfg) -> tuple[str, ...]:
+    """What convert_float8 imports: torchao's float8 and the inductor codegen module it patches (~1 s of CPU)."""
+    return ("torchao.float8", "torch._inductor.codegen.triton") if precision_cfg.name == "float8" else ()
+
+
 def convert_float8(model: nn.Module, precision_cfg, spec: "ModelSpec", fsdp: bool) -> list[str]:
     """Convert the blocks' linears in place when precision=float8; return the converted names."""
     if precision_cfg.name != "float8":

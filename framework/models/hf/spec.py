@@ -96,6 +96,12 @@ class HFSpec(ModelSpec):
         # transformers imports an architecture's modeling module on first use
         require_transformers().AutoModelForCausalLM._model_mapping[type(self.hf_cfg(model_cfg))]
 
+    def worker_modules(self, model_cfg) -> tuple[str, ...]:
+        # the architecture's modeling module: transformers imports it on first use, ~1 s of CPU
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+        module = model_type_to_module_name(self.hf_cfg(model_cfg).model_type)
+        return ("transformers", f"transformers.models.{module}.modeling_{module}")
+
     def meta_skeleton(self, model_cfg):
         with parameters_on_meta():     # transformers' RoPE buffers are computed, not read: keep them real
             return self.build(model_cfg, load_weights=False)
