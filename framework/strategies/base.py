@@ -173,15 +173,16 @@ class Strategy:
     def fork_server_preload(cls, cfg) -> tuple[str, ...]:
         """What the launcher's fork server imports once for all of this job's workers, which otherwise each
         import it again after the fork (0.5-1.5 s of CPU a worker for DeepSpeed, pipelining, a transformers
-        architecture, float8 or compile: 8 workers on 2 cores start seconds later): the strategy's modules
-        and, on CPU, the model's, float8's and compile's (on a GPU those are left to the workers, as
-        their imports are not known never to ask CUDA anything)."""
+        architecture, float8 or compile: 8 workers on 2 cores start seconds later): the strategy's modules,
+        and on CPU also the strategy's and the model spec's own modules and what the model, float8 and compile
+        import (on a GPU those are left to the workers: their imports are not known never to ask CUDA)."""
         from framework.devices import device_type
         from framework.models.spec import spec_for
         from framework.parallel import compile as compiling, float8
         if device_type(cfg) != "cpu":
             return cls.worker_preload(cfg)
-        return (*cls.worker_preload(cfg), *spec_for(cfg.model).worker_modules(cfg.model),
+        spec = spec_for(cfg.model)
+        return (*cls.worker_preload(cfg), cls.__module__, type(spec).__module__, *spec.worker_modules(cfg.model),
                 *float8.worker_modules(cfg.precision), *compiling.worker_modules(cfg.trainer))
 
     @classmethod
