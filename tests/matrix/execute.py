@@ -1,5 +1,5 @@
 """Runs a plan: every job and the single-process reference of each, then a resume of chosen jobs from their
-step-2 checkpoint, as two multiruns; returns where each ran."""
+step-2 checkpoint, as one multirun; returns where each ran."""
 from __future__ import annotations
 
 import time
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
-from tests.matrix.run import run_sweep
+from tests.matrix.run import point_dir, run_sweep
 
 #: every run saves its last step (BASE runs 4), whose parameters are compared; a job chosen to resume also
 #: saves step 2, which it resumes from
@@ -61,21 +61,18 @@ def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Ex
             references.append(ref)
         reference_index.append(index_of[composed])
     chosen = resumed_jobs(plan, oracle)
+    job_dir = {i: point_dir(root, len(references) + i) for i in range(len(plan.jobs))}   # after the references
     commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
-               [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)]
-    dirs, proc = run_sweep(commands, root / "first", timeout)
-    failures = [f"{d}: {proc.returncode}" for d in dirs if not (d / "metrics.jsonl").exists()]
-    ref_dirs, job_dirs = dirs[:len(references)], dirs[len(references):]
-    executed = Executed(runs=job_dirs, references=[ref_dirs[i] for i in reference_index])
+               [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)] + \
+               [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
+                [f"checkpoint.resume={job_dir[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
+    # one sweep: a resume runs after the job whose checkpoint it reads (Hydra runs the points in order)
+    dirs, proc = run_sweep(commands, root, timeout)
+    ref_dirs = dirs[:len(references)]
+    executed = Executed(runs=list(job_dir.values()), references=[ref_dirs[i] for i in reference_index],
+                        resumed=dict(zip(chosen, dirs[len(references) + len(plan.jobs):])))
+    failures = [f"{d}: no metrics.jsonl" for d in dirs if not (d / "metrics.jsonl").exists()]
     if proc.returncode != 0 or failures:
-        executed.failures = failures or [f"the sweep exited {proc.returncode}"]
-        executed.failures.append(proc.stderr[-6000:])
-        return executed
-    resumes = [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
-               [f"checkpoint.resume={job_dirs[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
-    dirs, proc = run_sweep(resumes, root / "resumed", timeout)
-    executed.resumed = dict(zip(chosen, dirs))
-    if proc.returncode != 0:
-        executed.failures = [f"the resume sweep exited {proc.returncode}", proc.stderr[-6000:]]
+        executed.failures = failures + [f"the sweep exited {proc.returncode}", proc.stderr[-6000:]]
     executed.seconds = time.perf_counter() - started
     return executed

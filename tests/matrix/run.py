@@ -33,6 +33,11 @@ def job_file(overrides: list[str]) -> str:
     return "# @package _global_\n" + yaml.safe_dump({"defaults": groups, **values}, sort_keys=False)
 
 
+def point_dir(root: Path, i: int) -> Path:
+    """Where point i of the sweep under `root` runs."""
+    return root / "runs" / str(i)
+
+
 def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | None = None) -> tuple[list[Path], subprocess.CompletedProcess]:
     """Run every job (a list of overrides) as one multirun under `root`; the run dir of each job, in order."""
     conf = root / "conf" / "matrix_job"
@@ -47,4 +52,4 @@ def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | Non
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
     proc = run_in_own_session(cmd, cwd=root, env=full_env, timeout=timeout)
     (root / "sweep.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
-    return [runs / str(i) for i in range(len(jobs))], proc
+    return [point_dir(root, i) for i in range(len(jobs))], proc
