@@ -34,7 +34,7 @@ def job_file(overrides: list[str]) -> str:
 
 
 def point_dir(root: Path, i: int) -> Path:
-    """Where point i of the sweep under `root` runs."""
+    """Where point i of the sweep under `root` runs (hydra.sweep.dir is its parent)."""
     return root / "runs" / str(i)
 
 
@@ -46,7 +46,7 @@ def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | Non
     for i, overrides in enumerate(jobs):
         (conf / f"j{i:03d}.yaml").write_text(job_file(overrides))
         names.append(f"j{i:03d}")
-    runs = root / "runs"
+    runs = point_dir(root, 0).parent
     cmd = [sys.executable, "-m", "framework", "-m", f"+matrix_job={','.join(names)}",
            f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={runs}", "hydra.sweep.subdir=${hydra.job.num}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
