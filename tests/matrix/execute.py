@@ -1,5 +1,6 @@
 """Runs a plan: every job and the single-process reference of each, then a resume of chosen jobs from their
-step-2 checkpoint, as one multirun; returns where each ran."""
+step-2 checkpoint, as one multirun, started (`start`) and waited for (`finish`) apart, so that the test
+process can go on checking the plan meanwhile; returns where each ran."""
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
-from tests.matrix.run import point_dir, run_sweep
+from tests.matrix.run import Sweep, point_dir, start_sweep
 
 #: every run saves its last step (BASE runs 4), whose parameters are compared; a job chosen to resume also
 #: saves step 2, which it resumes from
@@ -49,7 +50,17 @@ def resumed_jobs(plan: Plan, oracle: Oracle) -> list[int]:
     return sorted(chosen)
 
 
-def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Executed:
+@dataclass
+class Started:
+    """A plan whose sweep is running: where each job, reference and resume will have run."""
+    plan: Plan
+    sweep: Sweep
+    executed: Executed
+    at: float                             # when its preparation began (time.perf_counter)
+
+
+def start(plan: Plan, oracle: Oracle, root: Path) -> Started:
+    """Start training every job of `plan`, its references and its resumes, as one multirun under `root`."""
     started = time.perf_counter()
     references, index_of, reference_index = [], {}, []   # job i's reference is references[reference_index[i]]
     for job in plan.jobs:
@@ -67,12 +78,23 @@ def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Ex
                [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
                 [f"checkpoint.resume={job_dir[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
     # one sweep: a resume runs after the job whose checkpoint it reads (Hydra runs the points in order)
-    dirs, proc = run_sweep(commands, root, timeout)
-    ref_dirs = dirs[:len(references)]
+    sweep = start_sweep(commands, root)
+    ref_dirs = sweep.dirs[:len(references)]
     executed = Executed(runs=list(job_dir.values()), references=[ref_dirs[i] for i in reference_index],
-                        resumed=dict(zip(chosen, dirs[len(references) + len(plan.jobs):])))
-    failures = [f"{d}: no metrics.jsonl" for d in dirs if not (d / "metrics.jsonl").exists()]
-    if proc.returncode != 0 or failures:
-        executed.failures = failures + [f"the sweep exited {proc.returncode}", proc.stderr[-6000:]]
-    executed.seconds = time.perf_counter() - started
+                        resumed=dict(zip(chosen, sweep.dirs[len(references) + len(plan.jobs):])))
+    return Started(plan, sweep, executed, started)
+
+
+def finish(started: Started, timeout: float = 1800) -> Executed:
+    """Wait for a started plan's sweep; what it trained (seconds: from its start, its preparation included)."""
+    code = started.sweep.wait(timeout)
+    executed = started.executed
+    failures = [f"{d}: no metrics.jsonl" for d in started.sweep.dirs if not (d / "metrics.jsonl").exists()]
+    if code != 0 or failures:
+        executed.failures = failures + [f"the sweep exited {code}", started.sweep.output()[-6000:]]
+    executed.seconds = time.perf_counter() - started.at
     return executed
+
+
+def execute(plan: Plan, oracle: Oracle, root: Path, timeout: float = 1800) -> Executed:
+    return finish(start(plan, oracle, root), timeout)

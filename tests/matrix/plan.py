@@ -14,14 +14,27 @@ from tests.matrix.oracle import Oracle
 STORED = Path(__file__).with_name("plan.json")
 
 
-def current_plan(scratch: str | None = None) -> tuple[Plan, Oracle, float]:
+def oracle_for(scratch: str | None = None) -> Oracle:
     scratch = scratch or tempfile.mkdtemp(prefix="matrix")
-    axes = discover(scratch)
-    oracle = Oracle(axes, scratch)
-    stored = Plan.from_json(axes, json.loads(STORED.read_text())) if STORED.exists() else None
+    return Oracle(discover(scratch), scratch)
+
+
+def stored_plan(oracle: Oracle) -> Plan | None:
+    """The plan as last stored, unchecked."""
+    return Plan.from_json(oracle.axes, json.loads(STORED.read_text())) if STORED.exists() else None
+
+
+def checked_plan(oracle: Oracle) -> tuple[Plan, float]:
+    """The stored plan, checked against the framework and completed; the seconds that took."""
     started = time.perf_counter()
-    plan = Cover(oracle).plan(stored)
-    return plan, oracle, time.perf_counter() - started
+    plan = Cover(oracle).plan(stored_plan(oracle))
+    return plan, time.perf_counter() - started
+
+
+def current_plan(scratch: str | None = None) -> tuple[Plan, Oracle, float]:
+    oracle = oracle_for(scratch)
+    plan, seconds = checked_plan(oracle)
+    return plan, oracle, seconds
 
 
 def store(plan: Plan) -> None:

@@ -7,14 +7,17 @@ of one sweep; point i of the sweep runs job i in <root>/runs/i.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from tests.helpers import REPO, run_in_own_session
+from tests.helpers import REPO
 
 
 def job_file(overrides: list[str]) -> str:
@@ -38,8 +41,32 @@ def point_dir(root: Path, i: int) -> Path:
     return root / "runs" / str(i)
 
 
-def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | None = None) -> tuple[list[Path], subprocess.CompletedProcess]:
-    """Run every job (a list of overrides) as one multirun under `root`; the run dir of each job, in order."""
+@dataclass
+class Sweep:
+    """A multirun started in its own session, writing its output to <root>/sweep.log."""
+    dirs: list[Path]                    # the run dir of each job, in order
+    proc: subprocess.Popen
+    log: Path
+
+    def wait(self, timeout: float) -> int:
+        """The sweep's exit code; on timeout the whole session goes (every point's workers too)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_sweep(jobs: list[list[str]], root: Path, env: dict | None = None) -> Sweep:
+    """Start every job (a list of overrides) as one multirun under `root`, without waiting for it."""
     conf = root / "conf" / "matrix_job"
     conf.mkdir(parents=True, exist_ok=True)
     names = []
@@ -50,6 +77,8 @@ def run_sweep(jobs: list[list[str]], root: Path, timeout: float, env: dict | Non
     cmd = [sys.executable, "-m", "framework", "-m", f"+matrix_job={','.join(names)}",
            f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={runs}", "hydra.sweep.subdir=${hydra.job.num}"]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
-    proc = run_in_own_session(cmd, cwd=root, env=full_env, timeout=timeout)
-    (root / "sweep.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
-    return [point_dir(root, i) for i in range(len(jobs))], proc
+    log = root / "sweep.log"
+    with open(log, "w") as out:      # a file, not a pipe: nobody reads while the test process plans
+        proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return Sweep([point_dir(root, i) for i in range(len(jobs))], proc, log)
