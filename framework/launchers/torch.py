@@ -142,8 +142,10 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from framework.launchers.rendezvous_events import name_events_cheaply
     from framework.worker import worker_entry
 
+    name_events_cheaply()
     rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0")
     if node is not None:
