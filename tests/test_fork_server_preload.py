@@ -134,3 +134,24 @@ def test_a_cpu_job_preloads_what_its_model_float8_and_compile_import_and_each_ex
     # on a GPU only the strategy's own (what the other imports might ask CUDA is not known)
     gpu = strategy_class("fsdp").fork_server_preload(compose_config([*job[:-1], "device=cuda"]))
     assert gpu == strategy_class("fsdp").worker_preload(compose_config(job))
+
+
+def test_a_sweep_names_more_modules_for_its_server_and_a_module_that_does_not_exist_is_refused(compose_config,
+                                                                                              monkeypatch):
+    """launcher.preload: a sweep mixing strategies or model families names their union, and its fork server
+    starts once with all of it. The server itself skips
+    a module it cannot import without a word, so a name that is not a module is refused before launch."""
+    import pytest
+
+    from framework.errors import ConfigError
+    from framework.launchers import torch as launcher
+    from framework.strategies.registry import strategy_class
+    from tests.helpers import validate_composed
+    served = []
+    monkeypatch.setattr(launcher, "start_fork_server", lambda modules, signals: served.append(modules))
+    cfg = compose_config(["parallel=ddp", "device=cpu", "launcher.preload=[wave,tabnanny]"])
+    validate_composed(cfg)
+    launcher.TorchEngine(cfg, strategy_class("ddp"), 2).prepare()
+    assert served == [(*strategy_class("ddp").fork_server_preload(cfg), "wave", "tabnanny")]
+    with pytest.raises(ConfigError, match=r"launcher.preload: 'no_such_module_x' is not a module"):
+        validate_composed(compose_config(["launcher.preload=[wave,no_such_module_x]"]))

@@ -244,6 +244,9 @@ class LauncherConfig:
     nproc_per_node: Optional[int] = None    # null = what the strategy's degrees need; under Ray: the number of Ray workers
     max_restarts: int = 0                   # restarts of the worker group after a failure, each from the newest checkpoint
     monitor_interval: float = 0.1           # seconds between the elastic agent's checks of its workers
+    # Modules the fork server imports once for all workers besides those the job needs (a sweep that mixes
+    # strategies or model families: their union, so that its server starts once, not again at each new one).
+    preload: list[str] = field(default_factory=list)
     backend: Optional[str] = None           # null = nccl on CUDA (plus gloo when offloading), gloo otherwise
     # Seconds a collective waits for a peer that died or hangs before it raises on every rank. The elastic
     # agent then restarts the group or gives up. Generous enough for a first DeepSpeed op build or a large

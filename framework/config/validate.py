@@ -58,6 +58,14 @@ def _importable(key: str, target: str) -> type:
         raise ConfigError(key, f"cannot import {target!r}; give a class path such as {EXAMPLE_TARGET}") from None
 
 
+def _module_exists(name: str) -> bool:
+    """Whether `name` is a module (finding a submodule imports its parents; the fork server would anyway)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def validate_model(cfg) -> None:
     model = cfg.model
     if "_target_" not in model or not model._target_:
@@ -357,6 +365,9 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
         if signal_number(name) is None or name in ("SIGKILL", "SIGSTOP"):
             raise ConfigError("launcher.preempt_signals", f"{name!r} is not a signal a process can handle; "
                                                           f"use names such as SIGTERM, SIGUSR1, SIGUSR2")
+    for name in cfg.launcher.preload:
+        if not _module_exists(name):
+            raise ConfigError("launcher.preload", f"{name!r} is not a module this Python can import")
     if not 0 <= cfg.scheduler.min_lr_ratio <= 1:
         raise ConfigError("scheduler.min_lr_ratio", f"must be in [0, 1], got {cfg.scheduler.min_lr_ratio}")
     if cfg.device == "cuda" and not torch.cuda.is_available():

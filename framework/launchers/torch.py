@@ -30,7 +30,8 @@ class TorchEngine(Engine):
 
     def prepare(self) -> None:
         if self.spawns:
-            start_fork_server(self.strategy_cls.fork_server_preload(self.cfg), self.cfg.launcher.preempt_signals)
+            start_fork_server((*self.strategy_cls.fork_server_preload(self.cfg), *self.cfg.launcher.preload),
+                              self.cfg.launcher.preempt_signals)
 
     def run(self, run_dir: str) -> None:
         if self.spawns:

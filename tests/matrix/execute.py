@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from framework.strategies.registry import strategy_class
 from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
 from tests.matrix.run import Sweep, point_dir, start_sweep
@@ -50,6 +51,17 @@ def resumed_jobs(plan: Plan, oracle: Oracle) -> list[int]:
     return sorted(chosen)
 
 
+def sweep_preload(plan: Plan, oracle: Oracle) -> list[str]:
+    """What the workers of every multi-process job import (Strategy.fork_server_preload), once: with their union
+    as launcher.preload, the sweep's fork server starts once instead of again at each point that needs more
+    (6 starts, ~5% of the sweep's CPU)."""
+    modules = []
+    for job in (j for j in plan.jobs if oracle.world(j) > 1):
+        cfg = oracle.config(job)
+        modules += strategy_class(cfg.parallel.name).fork_server_preload(cfg)
+    return list(dict.fromkeys(modules))
+
+
 @dataclass
 class Started:
     """A plan whose sweep is running: where each job, reference and resume will have run."""
@@ -73,9 +85,10 @@ def start(plan: Plan, oracle: Oracle, root: Path) -> Started:
         reference_index.append(index_of[composed])
     chosen = resumed_jobs(plan, oracle)
     job_dir = {i: point_dir(root, len(references) + i) for i in range(len(plan.jobs))}   # after the references
-    commands = [oracle.overrides(r) + list(SAVES) for r in references] + \
-               [oracle.overrides(j) + list(SAVES) + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)] + \
-               [oracle.overrides(plan.jobs[i]) + list(SAVES) + list(MID_RUN) +
+    saves = [*SAVES, f"launcher.preload=[{','.join(sweep_preload(plan, oracle))}]"]
+    commands = [oracle.overrides(r) + saves for r in references] + \
+               [oracle.overrides(j) + saves + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)] + \
+               [oracle.overrides(plan.jobs[i]) + saves + list(MID_RUN) +
                 [f"checkpoint.resume={job_dir[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
     # one sweep: a resume runs after the job whose checkpoint it reads (Hydra runs the points in order)
     sweep = start_sweep(commands, root)

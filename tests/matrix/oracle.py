@@ -100,10 +100,14 @@ class Oracle:
         """The config `job` composes to, as text: jobs that set a value to its default give the same text."""
         return OmegaConf.to_yaml(self.config(job))
 
+    def world(self, job: dict) -> int:
+        """The ranks an admitted job runs."""
+        assert self.verdict(job) is None, job
+        return self._worlds[_key(job)]
+
     def cost(self, job: dict) -> int:
         """What running an admitted job costs, roughly: its ranks, a compiled one COMPILED_COST times more."""
-        assert self.verdict(job) is None, job
-        return self._worlds[_key(job)] * (COMPILED_COST if job.get("trainer.compile") else 1)
+        return self.world(job) * (COMPILED_COST if job.get("trainer.compile") else 1)
 
     def _judge(self, job: dict) -> str | None:
         groups = self.group_overrides(job)
