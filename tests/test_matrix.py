@@ -18,7 +18,7 @@ from tests.parity import assert_parity
 
 
 #: its ~100 runs (58 jobs, 33 references, 12 resumes) take 6.5-9 minutes beside the rest of the suite:
-#: under pytest-xdist this module starts first (tests/conftest.py)
+#: pytest-xdist starts it among the first modules (tests/conftest.py)
 RUNS_LONGEST = True
 SKIPPED = "--matrix-plan-only: the plan is checked, its jobs are not trained"
 
