@@ -4,7 +4,7 @@ The options are read from the registries and the schema (tests/matrix/axes.py); 
 holds every pair of their values (tests/matrix/cover.py). Each job runs, with the single-process run of its
 model and precision, in one multirun; each is held to tests/parity.py against that run (loss and grad norm per
 step, every parameter at the end), and jobs that hold every value at least once resume from their step-2
-checkpoint and must replay steps 3-4 exactly. A new option or value enters with no edit here: a pair it cannot
+checkpoint and must replay step 3 exactly. A new option or value enters with no edit here: a pair it cannot
 serve must be refused by the framework. The summary is printed at the end of the session."""
 import pytest
 

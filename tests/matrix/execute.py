@@ -12,7 +12,7 @@ from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
 from tests.matrix.run import Sweep, point_dir, start_sweep
 
-#: every run saves its last step (BASE runs 4), whose parameters are compared; a job chosen to resume also
+#: every run saves its last step (BASE runs 3), whose parameters are compared; a job chosen to resume also
 #: saves step 2, which it resumes from
 SAVES = ("checkpoint.enabled=true",)
 MID_RUN = ("checkpoint.interval=2",)
