@@ -65,18 +65,27 @@ class Sweep:
         return self.log.read_text(errors="replace")
 
 
+#: tests/matrix/plugins/hydra_plugins/matrix_sweeper.py, chosen as hydra/sweeper=matrix
+SWEEPER = Path(__file__).with_name("plugins")
+SWEEPER_CONFIG = "_target_: hydra_plugins.matrix_sweeper.PlannedSweeper\nmax_batch_size: null\nparams: null\n"
+
+
 def start_sweep(jobs: list[list[str]], root: Path, env: dict | None = None) -> Sweep:
     """Start every job (a list of overrides) as one multirun under `root`, without waiting for it."""
     conf = root / "conf" / "matrix_job"
     conf.mkdir(parents=True, exist_ok=True)
+    sweeper = root / "conf" / "hydra" / "sweeper"
+    sweeper.mkdir(parents=True, exist_ok=True)
+    (sweeper / "matrix.yaml").write_text(SWEEPER_CONFIG)
     names = []
     for i, overrides in enumerate(jobs):
         (conf / f"j{i:03d}.yaml").write_text(job_file(overrides))
         names.append(f"j{i:03d}")
     runs = point_dir(root, 0).parent
-    cmd = [sys.executable, "-m", "framework", "-m", f"+matrix_job={','.join(names)}",
+    cmd = [sys.executable, "-m", "framework", "-m", f"+matrix_job={','.join(names)}", "hydra/sweeper=matrix",
            f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={runs}", "hydra.sweep.subdir=${hydra.job.num}"]
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(SWEEPER)]),
+                **(env or {})}
     log = root / "sweep.log"
     with open(log, "w") as out:      # a file, not a pipe: nobody reads while the test process plans
         proc = subprocess.Popen(cmd, cwd=root, env=full_env, stdout=out, stderr=subprocess.STDOUT,
