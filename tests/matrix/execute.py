@@ -85,10 +85,11 @@ def start(plan: Plan, oracle: Oracle, root: Path) -> Started:
         reference_index.append(index_of[composed])
     chosen = resumed_jobs(plan, oracle)
     job_dir = {i: point_dir(root, len(references) + i) for i in range(len(plan.jobs))}   # after the references
-    saves = [*SAVES, f"launcher.preload=[{','.join(sweep_preload(plan, oracle))}]"]
-    commands = [oracle.overrides(r) + saves for r in references] + \
-               [oracle.overrides(j) + saves + (list(MID_RUN) if i in chosen else []) for i, j in enumerate(plan.jobs)] + \
-               [oracle.overrides(plan.jobs[i]) + saves + list(MID_RUN) +
+    every_run = [*SAVES, f"launcher.preload=[{','.join(sweep_preload(plan, oracle))}]"]
+    commands = [oracle.overrides(r) + every_run for r in references] + \
+               [oracle.overrides(j) + every_run + (list(MID_RUN) if i in chosen else [])
+                for i, j in enumerate(plan.jobs)] + \
+               [oracle.overrides(plan.jobs[i]) + every_run + list(MID_RUN) +
                 [f"checkpoint.resume={job_dir[i] / 'checkpoints' / RESUME_FROM}"] for i in chosen]
     # one sweep: a resume runs after the job whose checkpoint it reads (Hydra runs the points in order)
     sweep = start_sweep(commands, root)
