@@ -8,10 +8,12 @@ checkpoint and must replay step 3 exactly. A new option or value enters with no 
 serve must be refused by the framework. The summary is printed at the end of the session."""
 import pytest
 
+from framework.data.ramp import BatchSizes
 from tests.matrix import report
 from tests.matrix.cover import all_pairs, names
 from tests.matrix.docs import PAGE, README, START, readme_with
-from tests.matrix.execute import execute, finish, start
+from tests.matrix.execute import RESUME_FROM, execute, finish, start
+from tests.matrix.oracle import BASE
 from tests.matrix.plan import checked_plan, oracle_for, stored_plan
 from tests.conftest import summarize
 from tests.parity import assert_parity
@@ -102,6 +104,21 @@ def test_the_matrix_runs_within_its_world_cap_for_almost_every_pair(planned):
     plan, _, _ = planned
     beyond = [p for p, (r, _) in plan.refused.items() if r.startswith("too large")]
     assert len(beyond) <= 0.01 * plan.pairs, beyond
+
+
+def test_each_crossed_batch_ramp_grows_after_the_resume_point_within_a_jobs_steps(planned):
+    """Else the ramp's value would train one constant batch: no job would change its batch mid-run, nor resume
+    across the change."""
+    plan, oracle, _ = planned
+    base = dict(o.split("=", 1) for o in BASE)
+    steps, final = int(base["trainer.max_steps"]), int(base["trainer.global_batch_size"])
+    resumed_at = int(RESUME_FROM.rsplit("_", 1)[1])
+    ramps = [v for a in plan.axes if a.key == "trainer.rampup_batch_size" for v in a.values if v is not None]
+    assert ramps
+    for ramp in ramps:
+        sizes = [BatchSizes(final, ramp).size(step) for step in range(steps)]
+        grows_in_the_resumed_steps = any(sizes[i] != sizes[i - 1] for i in range(resumed_at, steps))
+        assert sizes[-1] == final and grows_in_the_resumed_steps, f"{ramp}: steps of {sizes} sequences"
 
 
 def test_every_job_trains_with_parity_against_its_single_process_run(planned, executed):

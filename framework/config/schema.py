@@ -200,7 +200,7 @@ class TrainerConfig:
     on_oom: OneOf["abort", "retry"] = crossed("abort", "retry")
     # [start, increment, samples] as Megatron's --rampup-batch-size: the global batch grows from `start` by
     # `increment` sequences over the first `samples` sequences, up to global_batch_size; null = no ramp
-    rampup_batch_size: Optional[list[int]] = crossed(None, [4, 4, 16])
+    rampup_batch_size: Optional[list[int]] = crossed(None, [4, 4, 8])
     progress_bar: bool = True               # a tqdm bar on rank 0 (false: plain log lines only)
     # Seconds without a finished step before every rank writes its stacks to <run dir>/stall/ and the job
     # fails; 0 = off. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with

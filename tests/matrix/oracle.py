@@ -20,7 +20,8 @@ from tests.matrix.axes import Axis
 
 #: what every matrix job runs: a few thousand parameters, 3 steps of 8 sequences of 32 tokens (the parity of
 #: two updates' losses and of three updates' parameters; a resume from step 2 replays the third step. A fourth
-#: step made the whole matrix 16% slower: 307 s against 264 s alone, on 2 cores)
+#: step made the whole matrix 16% slower: 307 s against 264 s alone, on 2 cores). The crossed batch ramp grows
+#: within these steps, after the resume point (test_matrix.py holds it to that)
 BASE = ("data.seq_len=32", "trainer.max_steps=3", "trainer.global_batch_size=8", "trainer.micro_batch_size=2",
         "trainer.log_every=1", "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]",
         "scheduler.warmup_steps=1")
