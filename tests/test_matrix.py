@@ -19,7 +19,7 @@ from tests.conftest import summarize
 from tests.parity import assert_parity
 
 
-#: its ~100 runs (58 jobs, 33 references, 12 resumes) take ~4 minutes alone, ~5 beside the rest of the suite:
+#: its ~100 runs (58 jobs, 33 references, 12 resumes) take ~4 minutes alone, 5-6 beside the rest of the suite:
 #: pytest-xdist starts it among the first modules (tests/conftest.py)
 RUNS_LONGEST = True
 SKIPPED = "--matrix-plan-only: the plan is checked, its jobs are not trained"
