@@ -12,7 +12,7 @@ from framework.data.ramp import BatchSizes
 from tests.matrix import report
 from tests.matrix.cover import all_pairs, names
 from tests.matrix.docs import PAGE, README, START, readme_with
-from tests.matrix.execute import RESUME_FROM, execute, finish, start
+from tests.matrix.execute import RESUME_STEP, execute, finish, start
 from tests.matrix.oracle import BASE
 from tests.matrix.plan import checked_plan, oracle_for, stored_plan
 from tests.conftest import summarize
@@ -109,10 +109,10 @@ def test_the_matrix_runs_within_its_world_cap_for_almost_every_pair(planned):
 def test_each_crossed_batch_ramp_grows_after_the_resume_point_within_a_jobs_steps(planned):
     """Else the ramp's value would train one constant batch: no job would change its batch mid-run, nor resume
     across the change."""
-    plan, oracle, _ = planned
+    plan, _, _ = planned
     base = dict(o.split("=", 1) for o in BASE)
     steps, final = int(base["trainer.max_steps"]), int(base["trainer.global_batch_size"])
-    resumed_at = int(RESUME_FROM.rsplit("_", 1)[1])
+    resumed_at = RESUME_STEP          # the resumed run's first step, 0-based
     ramps = [v for a in plan.axes if a.key == "trainer.rampup_batch_size" for v in a.values if v is not None]
     assert ramps
     for ramp in ramps:

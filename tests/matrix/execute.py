@@ -7,16 +7,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from framework.checkpoint.manager import step_dir_name
 from framework.strategies.registry import strategy_class
 from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
 from tests.matrix.run import Sweep, point_dir, start_sweep
 
 #: every run saves its last step (BASE runs 3), whose parameters are compared; a job chosen to resume also
-#: saves step 2, which it resumes from
+#: saves step RESUME_STEP, which it resumes from
 SAVES = ("checkpoint.enabled=true",)
-MID_RUN = ("checkpoint.interval=2",)
-RESUME_FROM = "step_00000002"
+RESUME_STEP = 2
+MID_RUN = (f"checkpoint.interval={RESUME_STEP}",)
+RESUME_FROM = step_dir_name(RESUME_STEP)
 #: what a reference keeps of its job: what is trained (the model) and in what arithmetic (the precision);
 #: every other option is how, and must not change the result beyond its parity tolerance
 REFERENCE_KEYS = ("model", "precision", "precision.float8_emulate", "precision.float8_recipe", "lora.enabled",
