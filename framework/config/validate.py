@@ -34,6 +34,8 @@ from framework.parallel.activation_checkpointing import check_mode as check_ac_m
 from framework.preemption import signal_number
 
 EXAMPLE_TARGET = "framework.models.llama.Llama"
+#: the keys that take a local path or an fsspec URL (framework.storage); the other path keys take local paths
+URL_KEYS = ("checkpoint.dir", "checkpoint.resume", "checkpoint.initial_load")
 
 
 def _positive(cfg, *keys: str) -> None:
@@ -278,6 +280,14 @@ def validate_retention(cfg) -> None:
                                                   f"of {t.log_every}")
 
 
+def validate_urls(cfg) -> None:
+    """Each of URL_KEYS holds a local path or a URL the storage layer can use (before anything reads it)."""
+    for key in URL_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if value is not None and (problem := storage.url_problem(value)) is not None:
+            raise ConfigError(key, problem)
+
+
 def validate_storage(cfg, strategy_cls, probe: bool) -> None:
     """checkpoint.dir as a URL: a strategy that writes there, and (`probe`: at launch, not where manifests are
     written for a cluster with credentials of its own) a bucket this process can write to (an object written and
@@ -308,6 +318,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
                                                    "NF4Tensor (lora.base_dtype=nf4) cannot make; set "
                                                    "checkpoint.async_save=false")
     validate_retention(cfg)
+    validate_urls(cfg)
     validate_storage(cfg, strategy_cls, probe=run_dir is not None)
     try:
         if c.resume not in (None, "auto") and not storage.isdir(c.resume):

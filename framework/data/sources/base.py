@@ -15,10 +15,13 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from framework import storage
 from framework.data import megatron, token_dataset
 from framework.errors import ConfigError
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+#: data.* keys read through the operating system's own calls (the data is opened, memory-mapped, prepared there)
+LOCAL_PATH_KEYS = ("path", "tokenizer", "cache_dir")
 
 
 class DataError(ValueError):
@@ -63,6 +66,10 @@ class Source:
 
     def check(self, data_cfg) -> None:
         """Cheap checks of the files the data names, before anything is opened; raise ConfigError."""
+        for key in LOCAL_PATH_KEYS:
+            value = data_cfg.get(key)
+            if value and (storage.is_url(value) or storage.url_problem(value)):
+                raise ConfigError(f"data.{key}", f"{value}: takes a local path, not a URL; copy the files down first")
         if self.path_names and not data_cfg.path:
             raise ConfigError("data.path", f"is required for data.source={self.name}; set data.path=/path/to/"
                                            f"{self.path_names}")

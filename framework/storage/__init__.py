@@ -6,15 +6,23 @@ a URL goes through fsspec, whose s3fs, gcsfs and adlfs take the endpoint and the
 environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE; GOOGLE_APPLICATION_CREDENTIALS;
 AZURE_STORAGE_*). Object stores have no directories and no rename: a "directory" is a key prefix, and
 listings are read fresh every time (other ranks and processes write under the same prefix).
+
+What is a URL is said once, here (`is_url`, and `url_problem` for a value the user gave).
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import uuid
+
+#: a URL's protocol (RFC 3986's scheme); fsspec chains them with "::" (simplecache::s3://bucket/prefix)
+PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+#: the start of a URL with its "//" missing (s3:/bucket, s3:bucket)
+HALF_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(?!//)")
 
 
 class StorageError(OSError):
@@ -23,6 +31,41 @@ class StorageError(OSError):
 
 def is_url(path: str | None) -> bool:
     return bool(path) and "://" in str(path)
+
+
+def url_problem(value: str) -> str | None:
+    """Why `value`, given where a local path or a URL is taken, is neither, or None. A URL has protocols fsspec knows
+    (their packages installed), no blank, and the bucket (container, host) of a store whose paths begin with one.
+    A value that starts like a URL of a known protocol but lacks its "//" (s3:/bucket) is refused too: it would be
+    a local directory named "s3:"."""
+    import fsspec
+    text = str(value)
+    known = fsspec.available_protocols()
+    if not is_url(text):
+        half = HALF_URL.match(text)
+        if half and half.group(1).lower() in known:
+            return (f"{text} is not a URL: write {half.group(1)}://BUCKET/prefix (a local directory named so: "
+                    f"./{text})")
+        return None
+    if any(c.isspace() for c in text) or not text.isprintable():
+        return f"{text!r}: a URL holds no blanks or control characters"
+    protocols, _, rest = text.partition("://")
+    for name in protocols.split("::"):
+        if not PROTOCOL.fullmatch(name):
+            return f"{text}: {f'{name!r} is not a protocol' if name else 'no protocol before ://'}; {_URL_EXAMPLES}"
+        if name not in known:
+            lower = f" (protocols are lower case: {name.lower()}://)" if name.lower() in known else ""
+            return f"{text}: fsspec knows no protocol {name!r}{lower}; {_URL_EXAMPLES}"
+    try:
+        cls = fsspec.get_filesystem_class(name)
+    except ImportError as e:         # a protocol whose package is missing
+        return f"{text}: {_first_line(e)}"
+    if cls.root_marker == "" and not rest.split("/", 1)[0]:      # its paths begin with a bucket, container or host
+        return f"{text}: no bucket (container, host) after {name}://; write {name}://BUCKET/prefix"
+    return None
+
+
+_URL_EXAMPLES = "give a local path or a URL such as s3://BUCKET/prefix, gs://BUCKET/prefix, az://CONTAINER/prefix"
 
 
 def join(path: str, *parts: str) -> str:
