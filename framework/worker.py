@@ -19,6 +19,7 @@ from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
 from framework.metrics.gpu_health import GpuFault
 from framework.preemption import Preempted, pass_on, report_requeue, signal_number
 from framework.step_batches import OutOfMemoryAtOneSequence
+from framework.storage.timeouts import set_timeout as set_storage_timeout
 from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
@@ -35,6 +36,7 @@ def _peer_failure(e: BaseException) -> bool:
 
 def run_worker(cfg, run_dir: str, on_record=None) -> None:
     """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them)."""
+    set_storage_timeout(cfg.checkpoint.storage_timeout_s)
     with determinism.applied(cfg), collecting_only_what_the_run_makes():
         _run(cfg, run_dir, on_record)
 

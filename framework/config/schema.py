@@ -28,6 +28,7 @@ from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from framework.parallel.pipeline import SCHEDULES as PP_SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
+from framework.storage.timeouts import DEFAULT_TIMEOUT_S as STORAGE_TIMEOUT_S
 
 
 class OneOf:
@@ -227,6 +228,10 @@ class CheckpointConfig:
     score_mode: OneOf[SCORE_MODES] = "min"   # min: lower is better | max
     async_save: bool = crossed(False, True)           # write in the background (torch-native strategies; `async` is a keyword)
     initial_load: Optional[str] = None  # a dir (or URL) of HF-layout safetensors to start the weights from
+    # Seconds each attempt of an object-store request (a URL in checkpoint.dir, resume or initial_load) waits to
+    # connect or for the next part of its answer, in the launcher and every worker; a request makes ATTEMPTS of them
+    # (framework/storage/timeouts.py), so an endpoint that never answers fails the job after about that many times this.
+    storage_timeout_s: float = STORAGE_TIMEOUT_S
 
 
 @dataclass

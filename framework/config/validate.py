@@ -32,6 +32,7 @@ from framework.models import hf_files
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.preemption import signal_number
+from framework.storage.timeouts import set_timeout as set_storage_timeout
 
 EXAMPLE_TARGET = "framework.models.llama.Llama"
 #: the keys that take a local path or an fsspec URL (framework.storage); the other path keys take local paths
@@ -291,8 +292,11 @@ def validate_urls(cfg) -> None:
 def validate_storage(cfg, strategy_cls, probe: bool) -> None:
     """checkpoint.dir as a URL: a strategy that writes there, and (`probe`: at launch, not where manifests are
     written for a cluster with credentials of its own) a bucket this process can write to (an object written and
-    deleted), so a missing bucket or a refused access stops the job before any work."""
+    deleted), so a missing bucket or a refused access stops the job before any work. Sets this process's
+    checkpoint.storage_timeout_s first."""
     c = cfg.checkpoint
+    _positive(cfg, "checkpoint.storage_timeout_s")
+    set_storage_timeout(c.storage_timeout_s)      # this process's requests, from the checks below on
     if not storage.is_url(c.dir):
         return
     if not strategy_cls.saves_to_urls:

@@ -7,7 +7,8 @@ environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROF
 AZURE_STORAGE_*). Object stores have no directories and no rename: a "directory" is a key prefix, and
 listings are read fresh every time (other ranks and processes write under the same prefix).
 
-What is a URL is said once, here (`is_url`, and `url_problem` for a value the user gave).
+What is a URL is said once, here (`is_url`, and `url_problem` for a value the user gave); how long a request may
+wait, in framework.storage.timeouts.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import re
 import shutil
 import tempfile
 import uuid
+
+from framework.storage.timeouts import ensure_set
 
 #: a URL's protocol (RFC 3986's scheme); fsspec chains them with "::" (simplecache::s3://bucket/prefix)
 PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
@@ -81,6 +84,7 @@ def parent(path: str) -> str:
 def _fs(url: str):
     """(fsspec file system, its path for `url`)."""
     from fsspec.core import url_to_fs
+    ensure_set()
     # Under Hydra's INFO logging the S3 client would say which endpoint it found on every run
     for name in ("botocore", "aiobotocore", "s3fs"):
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger(name).level))
