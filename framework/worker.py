@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 from framework import determinism, exit_codes, storage
 from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
 from framework.metrics.gpu_health import GpuFault
+from framework.metrics.trackers.base import TrackerError
 from framework.preemption import Preempted, pass_on, report_requeue, signal_number
 from framework.step_batches import OutOfMemoryAtOneSequence
 from framework.storage.timeouts import set_timeout as set_storage_timeout
@@ -76,6 +77,12 @@ def _run(cfg, run_dir: str, on_record) -> None:
             report_requeue(strategy.rank)
         pass_on(e.signum)
         sys.exit(exit_codes.REQUEUE if saved else 1)
+    except TrackerError as e:
+        # rank 0 alone: a tracker that did not start (logging.tracker_errors=fail). One line, and out at once: the
+        # other ranks wait in a collective that the launcher ends when it sees this one go.
+        ErrorHandler().record_exception(e)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except (GpuFault, OutOfMemoryAtOneSequence) as e:
         # every rank read the same gathered counts, or the same agreed report, and stopped at the same step.
         # Each records it for the launcher first: the first rank to exit gets its peers killed, the main one too.

@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.config.schema import LoggingConfig
 from framework.config.validate import validate
 from framework.errors import ConfigError
 from framework.metrics import trackers as trackers_module
@@ -172,8 +173,8 @@ def test_a_tracker_failing_mid_run_is_dropped_with_one_warning(tmp_path, monkeyp
     monkeypatch.setitem(trackers_module.TRACKERS, "recording", "tests.test_trackers:Recording")
     monkeypatch.setitem(trackers_module.TRACKERS, "flaky", "tests.test_trackers:FailsAtStep3")
     Recording.seen = []
-    cfg = OmegaConf.create({"logging": {"trackers": ["flaky", "recording"], "tracker_errors": "fail"},
-                            "trainer": {"progress_bar": False}})
+    logging = OmegaConf.structured(LoggingConfig(trackers=["flaky", "recording"], tracker_errors="fail"))
+    cfg = OmegaConf.create({"logging": logging, "trainer": {"progress_bar": False}})
     logger = MetricsLogger(cfg, str(tmp_path), enabled=True, total_steps=6)
     for step in range(1, 7):
         logger.log({"step": step, "loss": 1.0 / step})

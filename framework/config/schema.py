@@ -274,6 +274,9 @@ class LoggingConfig:
     experiment: str = "framework"           # MLflow experiment / W&B project
     run_name: Optional[str] = None          # null = the run dir's name (a sweep point: <sweep dir>-<n>)
     mlflow_tracking_uri: Optional[str] = None   # null = MLFLOW_TRACKING_URI
+    # Seconds a tracker's server may hold the job: its check before launch, its start on rank 0 and the drain of
+    # its queue at the end each wait at most this long (the steps never wait: records go through a queue)
+    tracker_timeout_s: float = 60.0
     gpu_health: bool = True                 # NVML (nvidia-ml-py) readings of each rank's GPU in every record
     peak_flops: Optional[float] = None      # per device; null = look up the device
     cpu_peak_flops: float = 3.0e11          # what MFU is measured against on CPU

@@ -201,6 +201,7 @@ def validate_sampling(cfg) -> None:
 
 
 def validate_logging(cfg) -> None:
+    _positive(cfg, "logging.tracker_timeout_s")
     names = list(cfg.logging.trackers)
     for name in names:
         if name not in TRACKERS:

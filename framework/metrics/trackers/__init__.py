@@ -5,6 +5,10 @@
 chosen ones (continuing the runs the run dir records) and `Trackers` feeds them from one background thread:
 a slow server never holds a step, and a tracker that fails mid-run is dropped with one warning while
 training goes on and metrics.jsonl keeps every record.
+
+A server that stops answering holds the job for at most logging.tracker_timeout_s at each place it could: the
+probe (each tracker's own request timeout), a tracker's start (waited for that long, then given up: it did not
+start), and the end of the run (what is still queued gets that long to drain).
 """
 from __future__ import annotations
 
@@ -23,8 +27,6 @@ TRACKERS = {
     "mlflow": "framework.metrics.trackers.mlflow_tracker:MlflowTracker",
     "wandb": "framework.metrics.trackers.wandb_tracker:WandbTracker",
 }
-#: how long the end of a run waits for a tracker to take what is still queued for it
-DRAIN_TIMEOUT_S = 120.0
 
 
 def tracker_class(name: str) -> type[Tracker]:
@@ -59,11 +61,14 @@ class Trackers:
 
     def __init__(self, cfg, run_dir: str):
         self.live: list[Tracker] = []
+        self.timeout_s = cfg.logging.tracker_timeout_s
         ids = run_ids.recorded(run_dir)
         for name in cfg.logging.trackers:
             tracker = tracker_class(name)()
             try:
-                run_id = tracker.start(cfg, run_dir, ids.get(name))
+                if tracker.package:     # its client library first: seconds of imports are not the server's answer
+                    importlib.import_module(tracker.package)
+                run_id = _within(self.timeout_s, tracker.start, cfg, run_dir, ids.get(name))
             except Exception as e:
                 if cfg.logging.tracker_errors != "warn":
                     raise TrackerError(f"logging.trackers: {name} did not start ({type(e).__name__}: {e})") from e
@@ -107,8 +112,28 @@ class Trackers:
             return
         self._queue.put(("close", (finished,)))
         self._queue.put(None)
-        self._thread.join(DRAIN_TIMEOUT_S)
+        self._thread.join(self.timeout_s)
         if self._thread.is_alive():
             print(f"warning: logging.trackers: {', '.join(t.name for t in self.live)} still busy after "
-                  f"{DRAIN_TIMEOUT_S:.0f} s; the last records may be missing there (metrics.jsonl has them)",
-                  file=sys.stderr, flush=True)
+                  f"logging.tracker_timeout_s={self.timeout_s:g} s; the last records may be missing there "
+                  f"(metrics.jsonl has them)", file=sys.stderr, flush=True)
+
+
+def _within(seconds: float, call, *args):
+    """call(*args), waited for at most `seconds` (TimeoutError after that): in a thread of its own, left to end by
+    itself in the background if it does (a daemon: it never holds the process's exit)."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["value"] = call(*args)
+        except BaseException as e:      # handed to the caller, whatever it is
+            done["error"] = e
+    thread = threading.Thread(target=run, name="tracker-start", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within logging.tracker_timeout_s={seconds:g} s")
+    if "error" in done:
+        raise done["error"]
+    return done["value"]

@@ -7,21 +7,28 @@ a second value at that step in the metric's history."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import time
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
 
-# A server that is down must not hold the run: the client's own default retries for minutes.
-RETRIES, TIMEOUT_S = "2", "30"
-PROBE_TIMEOUT_S = "10"
+# A server that is down must not hold the run: the client's own default retries for minutes. Each request waits
+# logging.tracker_timeout_s (MLflow takes whole seconds); those from the background thread are tried again twice
+# (MLFLOW_HTTP_REQUEST_MAX_RETRIES, where the user set none), the probe's are not.
+RETRIES = "2"
 BATCH = 100                  # MLflow's limit on params or tags a call (and well under its 1000 metrics)
 KEY = re.compile(r"[^\w\-. /:]")
 
 
 def tracking_uri(cfg) -> str | None:
     return cfg.logging.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def request_timeout(cfg) -> str:
+    """MLFLOW_HTTP_REQUEST_TIMEOUT for logging.tracker_timeout_s (an integer there)."""
+    return str(max(1, math.ceil(cfg.logging.tracker_timeout_s)))
 
 
 @contextlib.contextmanager
@@ -51,7 +58,7 @@ class MlflowTracker(Tracker):
     def probe(cls, cfg) -> None:
         from mlflow.tracking import MlflowClient
         uri = tracking_uri(cfg)
-        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=PROBE_TIMEOUT_S):
+        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=request_timeout(cfg)):
             try:
                 MlflowClient(uri).search_experiments(max_results=1)
             except Exception as e:
@@ -65,7 +72,7 @@ class MlflowTracker(Tracker):
         from mlflow.tracking import MlflowClient
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", TIMEOUT_S)
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = request_timeout(cfg)
         self.client = client = MlflowClient(tracking_uri(cfg))
         logged = {}
         if run_id is not None:

@@ -3,13 +3,13 @@ under <run dir>/wandb. Online by default (after `wandb login`); WANDB_MODE=offli
 for a later `wandb sync`, where each attempt of a resumed job is a part of the same run id."""
 from __future__ import annotations
 
+import math
 import os
 import uuid
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
 
 LOCAL_MODES = ("offline", "disabled", "dryrun")
-PROBE_TIMEOUT_S = 10
 
 
 class WandbTracker(Tracker):
@@ -22,7 +22,8 @@ class WandbTracker(Tracker):
             return
         import wandb
         try:
-            wandb.Api(timeout=PROBE_TIMEOUT_S).viewer       # who the API key belongs to: one request
+            # who the API key belongs to: one request
+            wandb.Api(timeout=math.ceil(cfg.logging.tracker_timeout_s)).viewer
         except Exception as e:
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise TrackerError(f"wandb: cannot reach {os.environ.get('WANDB_BASE_URL', 'api.wandb.ai')} as a "
