@@ -36,6 +36,14 @@ def refused(cfg, run_dir: Path) -> list[str]:
     return err.getvalue().strip().splitlines()
 
 
+def free_port() -> int:
+    """A port nothing listens on now (another process may take it before the caller binds it)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_s3_server():
     """moto's S3 server in a thread of this process; returns (server, the environment that points clients at it)."""
     from moto.server import ThreadedMotoServer
@@ -66,7 +74,8 @@ RAY_CLIENT_ENV = {"RAY_AUTH_MODE": "disabled"}
 class RayCluster:
     """`ray start --head --block` in a session of its own, with a temp dir of its own (short: Ray's socket paths
     must fit 107 bytes). Its processes (and so every Ray worker) see this checkout on PYTHONPATH and the S3
-    server's endpoint, as a real cluster's nodes have the framework installed and reach their bucket."""
+    server's endpoint, as a real cluster's nodes have the framework installed and reach their bucket. `.address` is
+    its GCS (host:port), `.client_address` its Ray Client server (ray://host:port, on a free port, not Ray's 10001)."""
 
     def __init__(self, extra_env: dict, reports_file: Path):
         self.reports = reports_file
@@ -77,10 +86,12 @@ class RayCluster:
                # Ray's controller takes one report per poll: a test's steps are milliseconds apart
                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
                "FRAMEWORK_TEST_RAY_REPORTS": str(reports_file)}
+        client_port = free_port()
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "ray"), "start", "--head", "--port=0", "--num-cpus=4",
-                 "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={self.temp_dir}", "--block"],
+                 f"--ray-client-server-port={client_port}", "--include-dashboard=false", "--disable-usage-stats",
+                 f"--temp-dir={self.temp_dir}", "--block"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.temp_dir, start_new_session=True)
         deadline = time.monotonic() + RAY_STARTUP_S
         while not (found := re.search(r"ray start --address='([^']+)'", self.log.read_text())):
@@ -89,6 +100,7 @@ class RayCluster:
                 raise RuntimeError(f"ray start failed:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.2)
         self.address = found.group(1)
+        self.client_address = f"ray://{self.address.rpartition(':')[0]}:{client_port}"
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,7 +1,8 @@
 """launcher.engine=ray against a real Ray cluster this module starts (tests/servers.py): the same jobs as under our
 own launcher give the same losses (ddp x2; fsdp x2 through docs/how-to/ray.md's command for an existing cluster),
 the metrics reach Ray's controller, keep_best keeps the right checkpoints in a bucket that also holds Ray's own
-files, and a bad address is refused in one line before any work. A Ray worker killed mid-run: test_docs_ray."""
+files, and a bad address is refused in one line before any work (the address check shakes hands with the real head
+here; with what is not Ray in test_ray_address). A Ray worker killed mid-run: test_docs_ray."""
 import json
 
 import pytest
@@ -84,6 +85,23 @@ def test_on_an_existing_cluster_the_job_gives_our_launchers_losses(ray_cluster, 
 def test_a_bad_ray_address_is_one_line_and_exit_2_before_any_work(tmp_path, compose_config):
     assert refused(compose_config([*FAST, *RAY, "launcher.ray.address=127.0.0.1:1"]), tmp_path / "run") == [
         "error: launcher.ray.address: 127.0.0.1:1: no Ray cluster answers there (Connection refused)"]
+
+
+def test_the_address_check_shakes_hands_with_a_real_head(ray_cluster):
+    """The head's GCS as host:port and its Ray Client server as ray://host:port pass; each given in the other's form
+    is refused, naming the form it takes. Listeners that are not Ray: tests/test_ray_address.py."""
+    from framework.errors import ConfigError
+    from framework.launchers.ray import _reachable
+    gcs, client = ray_cluster.address, ray_cluster.client_address
+    _reachable(gcs)
+    _reachable(client)
+    swapped = {f"ray://{gcs}": "not a Ray Client server; a head's GCS is host:port, without ray://",
+               client[len("ray://"):]: "not a Ray GCS; a Ray Client server is ray://host:port"}
+    for address, hint in swapped.items():
+        with pytest.raises(ConfigError) as refused:
+            _reachable(address)
+        assert str(refused.value) == (f"launcher.ray.address: {address}: no Ray cluster answers there (a gRPC server "
+                                      f"answers, but {hint})")
 
 
 @pytest.mark.parametrize("address,said", [("nosuchhost.invalid:6379", "nosuchhost.invalid:6379: no such host"),

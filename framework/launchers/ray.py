@@ -23,11 +23,12 @@ from framework.devices import process_group_backend
 from framework.errors import ConfigError
 from framework.faults import FAULTS_ENV
 from framework.launchers.base import Engine
+from framework.launchers.ray_probe import handshake
 from framework.world import under_torchrun
 
 #: the driver's environment that the workers get too: the test switch of framework.faults
 FORWARDED_ENV = (FAULTS_ENV,)
-#: how long the address check waits for the cluster's head to answer
+#: how long the address check waits for the cluster's head to take the connection, and then to answer
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -41,7 +42,9 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _reachable(address: str) -> None:
-    """A TCP connection to the head, so a wrong address fails in seconds (Ray's own client waits minutes)."""
+    """A TCP connection to the head, then a handshake with it (framework.launchers.ray_probe), each within
+    CONNECT_TIMEOUT_S, so a wrong address fails in seconds: Ray's own driver retries without end where something
+    else listens."""
     host, port = _host_port(address)
     try:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
@@ -50,6 +53,9 @@ def _reachable(address: str) -> None:
     except OSError as e:
         raise ConfigError("launcher.ray.address", f"{address}: no Ray cluster answers there "
                                                   f"({e.strerror or type(e).__name__})") from None
+    why = handshake(host, port, client=address.startswith("ray://"), timeout_s=CONNECT_TIMEOUT_S)
+    if why is not None:
+        raise ConfigError("launcher.ray.address", f"{address}: no Ray cluster answers there ({why})")
 
 
 class RayEngine(Engine):
