@@ -191,7 +191,9 @@ class TrainerConfig:
     eval_every: int = 100               # 0 = never; otherwise every N steps and at the end
     eval_batches: int = 2                   # batches per evaluation (val_loss)
     sample_every: int = 0               # 0 = never; otherwise log a continuation of sample_prompt every N steps
-    sample_prompt: str = ""             # "" = start from the end-of-text token
+    # "" = start where a document of the data starts: after the tokenizer's BOS, else its end-of-text token (refused
+    # on byte-level data, which holds neither)
+    sample_prompt: str = ""
     sample_tokens: int = 32                 # tokens a text sample continues for
     grad_clip: float = 1.0              # 0 = no clipping (the norm is still measured)
     stop_at_step: Optional[int] = None  # end this run early (the schedule still spans max_steps); resume later

@@ -195,9 +195,27 @@ def validate_sampling(cfg) -> None:
     if t.sample_every < 0 or t.sample_tokens <= 0:
         raise ConfigError("trainer.sample_every" if t.sample_every < 0 else "trainer.sample_tokens",
                           f"must be {'non-negative' if t.sample_every < 0 else 'positive'}")
-    if t.sample_every and tokenizer.of_data(cfg.data) is None:
+    if not t.sample_every:
+        return
+    tok = tokenizer.of_data(cfg.data)
+    if tok is None:
         raise ConfigError("trainer.sample_every", f"needs the data's tokenizer; data.source={cfg.data.source} names "
                                                   f"none: set data.tokenizer=/path/to/tokenizer.json")
+    from framework.metrics.samples import start_tokens
+    start, vocab = start_tokens(tok, t.sample_prompt), cfg.data.vocab_size
+    outside = [i for i in start if i >= vocab]
+    if start and not outside:
+        return
+    empty = "is empty" if not t.sample_prompt else f"{t.sample_prompt!r} encodes to no token"
+    if tok.encode(t.sample_prompt, add_special_tokens=False).ids:
+        why = f"{t.sample_prompt!r} encodes to token {outside[0]}, which the data never holds"
+    elif start:
+        why = (f"{empty}, so a sample would start from the tokenizer's "
+               f"{'BOS' if tokenizer.bos_ids(tok) else 'end-of-text'} token ({outside[0]}), which the data never holds")
+    else:
+        why = f"{empty}, and the data's tokenizer has no BOS or end-of-text token to start a sample from"
+    raise ConfigError("trainer.sample_prompt", f"{why} (data.source={cfg.data.source}, data.vocab_size={vocab}); "
+                                               f"give the samples a start, e.g. trainer.sample_prompt='The '")
 
 
 def validate_logging(cfg) -> None:

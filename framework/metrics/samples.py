@@ -9,10 +9,26 @@ from __future__ import annotations
 
 import torch
 
-from framework.data.tokenizer import TokenizerError, eos_token
+from framework.data.tokenizer import TokenizerError, bos_ids, eos_token
 from framework.generate import next_token
 
 TEMPERATURE, TOP_K = 0.8, 50
+
+
+def start_tokens(tokenizer, prompt: str) -> list[int]:
+    """The tokens a sample continues: the prompt's; where it encodes to none, those a prepared dataset's documents
+    start after (framework.data.prepare writes BOS + text + end-of-text): the tokenizer's BOS where it puts one
+    before a text, else its end-of-text token; [] where it has neither. Validation refuses a start outside the
+    data's vocabulary (byte-level data holds bytes only, not the byte tokenizer's end-of-text token)."""
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    if ids:
+        return ids
+    if bos := bos_ids(tokenizer):
+        return bos
+    try:
+        return [eos_token(tokenizer)[1]]
+    except TokenizerError:
+        return []
 
 
 class TextSampler:
@@ -22,7 +38,7 @@ class TextSampler:
             self.eos_id = eos_token(tokenizer)[1]
         except TokenizerError:
             self.eos_id = None
-        self.prompt = tokenizer.encode(prompt, add_special_tokens=False).ids or [self.eos_id or 0]
+        self.prompt = start_tokens(tokenizer, prompt)
         self._tokens: list[int] = []
         self._step = 0
 
