@@ -12,6 +12,7 @@ import re
 import time
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
+from framework.redact import redacted, without_userinfo
 
 # A server that is down must not hold the run: the client's own default retries for minutes.
 RETRIES, TIMEOUT_S = "2", "30"
@@ -22,6 +23,19 @@ KEY = re.compile(r"[^\w\-. /:]")
 
 def tracking_uri(cfg) -> str | None:
     return cfg.logging.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
+def client_uri(uri: str | None) -> tuple[str | None, dict[str, str]]:
+    """(the URI the client is given, the environment that carries its credentials): a user:password@ in the
+    URI goes to the client as MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which it sends as basic
+    auth, so that neither the URI it keeps nor its errors hold the password."""
+    if uri is None:
+        return None, {}
+    plain, user, password = without_userinfo(uri)
+    env = {"MLFLOW_TRACKING_USERNAME": user} if user else {}
+    if password is not None:
+        env["MLFLOW_TRACKING_PASSWORD"] = password
+    return plain, env
 
 
 @contextlib.contextmanager
@@ -51,12 +65,14 @@ class MlflowTracker(Tracker):
     def probe(cls, cfg) -> None:
         from mlflow.tracking import MlflowClient
         uri = tracking_uri(cfg)
-        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=PROBE_TIMEOUT_S):
+        plain, credentials = client_uri(uri)
+        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=PROBE_TIMEOUT_S, **credentials):
             try:
-                MlflowClient(uri).search_experiments(max_results=1)
+                MlflowClient(plain).search_experiments(max_results=1)
             except Exception as e:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise TrackerError(f"mlflow: cannot reach the tracking server at {uri} ({reason[:200]}); start it, "
+                raise TrackerError(f"mlflow: cannot reach the tracking server at {redacted(uri)} "
+                                   f"({redacted(reason)[:200]}); start it, "
                                    f"or fix logging.mlflow_tracking_uri / MLFLOW_TRACKING_URI") from None
 
     def start(self, cfg, run_dir: str, run_id: str | None) -> str:
@@ -66,7 +82,9 @@ class MlflowTracker(Tracker):
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", TIMEOUT_S)
-        self.client = client = MlflowClient(tracking_uri(cfg))
+        plain, credentials = client_uri(tracking_uri(cfg))
+        os.environ.update(credentials)      # this process logs: its client sends them
+        self.client = client = MlflowClient(plain)
         logged = {}
         if run_id is not None:
             try:
