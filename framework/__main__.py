@@ -14,7 +14,7 @@ from framework.config.paths import CONFIG_DIR
 from framework.config.removed import refuse_removed_keys
 from framework.config_store import register_configs
 from framework.errors import ConfigError
-from framework.redact import redact_files, redacted
+from framework.redact import RedactingStream, redact_files, redacted
 
 _task_started = False
 _failed_points: set[int] = set()
@@ -85,6 +85,7 @@ def main() -> None:
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    sys.stderr = RedactingStream(sys.stderr)
     try:
         app()
     except SystemExit as e:

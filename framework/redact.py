@@ -77,3 +77,18 @@ class RedactingFilter(logging.Filter):
         if shown != message:
             record.msg, record.args = shown, None
         return True
+
+
+class RedactingStream:
+    """A text stream writing through another with credentials redacted: Hydra prints a bad override, value and
+    all, on stderr itself (`To append to your config use +key=value`)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(redacted(text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+

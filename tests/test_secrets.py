@@ -112,6 +112,14 @@ def test_an_unreachable_tracker_is_one_line_without_the_password(tmp_path, compo
     assert PASSWORD not in line and SHOWN in line
 
 
+def test_hydras_own_error_for_a_misspelt_key_shows_no_password(tmp_path):
+    """Hydra prints a bad override with its value (`To append to your config use +key=value`)."""
+    proc = run_framework([*FAST, f"logging.mlflow_tracking_urii={with_password('http://mlflow.example')}"],
+                         tmp_path / "run")
+    assert proc.returncode == 2 and "logging.mlflow_tracking_urii" in proc.stderr, proc.stderr
+    assert PASSWORD not in proc.stdout + proc.stderr and SHOWN in proc.stderr
+
+
 def test_k8s_puts_the_credentials_in_a_secret_the_pods_read(monkeypatch):
     from kubeflow_trainer_api.models.io_k8s_api_core_v1_secret import IoK8sApiCoreV1Secret
     from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob

@@ -83,7 +83,8 @@ class MlflowTracker(Tracker):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", TIMEOUT_S)
         plain, credentials = client_uri(tracking_uri(cfg))
-        os.environ.update(credentials)      # this process logs: its client sends them
+        self._credentials = contextlib.ExitStack()      # this process logs: its client sends them, until close
+        self._credentials.enter_context(_environ(**credentials))
         self.client = client = MlflowClient(plain)
         logged = {}
         if run_id is not None:
@@ -129,4 +130,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, tags=chunk)
 
     def close(self, finished: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
+        try:
+            self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
+        finally:
+            self._credentials.close()
