@@ -120,24 +120,41 @@ def test_hydras_own_error_for_a_misspelt_key_shows_no_password(tmp_path):
     assert PASSWORD not in proc.stdout + proc.stderr and SHOWN in proc.stderr
 
 
-def test_k8s_puts_the_credentials_in_a_secret_the_pods_read(monkeypatch):
+def _pods_env(job: dict) -> list[list[dict]]:
+    """The env list of each kind of pod a manifest starts."""
+    if job["kind"] == "TrainJob":
+        return [job["spec"]["trainer"]["env"]]
+    if job["kind"] == "PyTorchJob":
+        return [r["template"]["spec"]["containers"][0]["env"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    cluster = job["spec"]["rayClusterSpec"]
+    return [g["template"]["spec"]["containers"][0]["env"] for g in [cluster["headGroupSpec"],
+                                                                    *cluster["workerGroupSpecs"]]]
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob", "rayjob"])
+def test_k8s_puts_the_credentials_in_a_secret_the_pods_read(kind, monkeypatch):
+    import jsonschema
     from kubeflow_trainer_api.models.io_k8s_api_core_v1_secret import IoK8sApiCoreV1Secret
     from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+    from tests.test_k8s import RAYJOB_SCHEMA, SCHEMA
     uri = with_password("http://mlflow.example:5000")
-    proc = run_framework(["--kind", "trainjob", "--image", "i", "--nodes", "2", "model=tiny", "parallel=ddp",
+    proc = run_framework(["--kind", kind, "--image", "i", "--nodes", "2", "model=tiny", "parallel=ddp",
                           "logging.trackers=[mlflow]", f"logging.mlflow_tracking_uri={uri}"], module="framework.k8s")
     check_ok(proc)
-    out = proc.stdout
-    secret, config_map, job = yaml.safe_load_all(out)
+    secret, config_map, job = yaml.safe_load_all(proc.stdout)
     assert IoK8sApiCoreV1Secret.from_dict(secret).to_dict() == secret
-    assert TrainerV1alpha1TrainJob.from_dict(job).to_dict() == job
-    assert secret["stringData"] == {"FRAMEWORK_SECRET_LOGGING_MLFLOW_TRACKING_URI": uri}
-    assert out.count(PASSWORD) == 1         # the Secret's own value, nowhere else
-    assert {"name": "FRAMEWORK_SECRET_LOGGING_MLFLOW_TRACKING_URI", "valueFrom": {"secretKeyRef": {
-        "name": secret["metadata"]["name"], "key": "FRAMEWORK_SECRET_LOGGING_MLFLOW_TRACKING_URI"}}} in \
-        job["spec"]["trainer"]["env"]
+    if kind == "trainjob":
+        assert TrainerV1alpha1TrainJob.from_dict(job).to_dict() == job
+    else:
+        jsonschema.validate(job, SCHEMA if kind == "pytorchjob" else RAYJOB_SCHEMA)
+    variable = "FRAMEWORK_SECRET_LOGGING_MLFLOW_TRACKING_URI"
+    assert secret["stringData"] == {variable: uri}
+    assert proc.stdout.count(PASSWORD) == 1         # the Secret's own value, nowhere else
+    reference = {"name": variable, "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": variable}}}
+    assert all(reference in env for env in _pods_env(job))
     # the pod composes the ConfigMap's config with the Secret's value in its environment: the URL comes back
-    monkeypatch.setenv("FRAMEWORK_SECRET_LOGGING_MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv(variable, uri)
     assert OmegaConf.create(config_map["data"]["config.yaml"]).logging.mlflow_tracking_uri == uri
 
 
