@@ -34,9 +34,9 @@ from framework.errors import ConfigError
 from framework.models.spec import SPECS, ModelSpec, spec_for, spec_named
 
 TRUST_FLAG = "--trust-checkpoint-code"
-TRUST_HELP = ("import model._target_ from the checkpoint's config.yaml even where it is not one of the framework's "
-              "model classes (that class's code then runs); without it such a checkpoint is refused. Interpolations "
-              "(${...}) in the file are refused either way, and transformers never runs a model dir's own code")
+TRUST_HELP = ("lifts one refusal only: import model._target_ from the checkpoint's config.yaml even where it is not "
+              "one of the framework's model classes (that class's code then runs). Interpolations (${...}) and "
+              "nested _target_ in the file are refused either way, and transformers never runs a model dir's code")
 #: Hydra's keys that make instantiate import, call or reshape something
 INSTANTIATE_KEYS = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_")
 #: where a saved config names a class (the rest of the file names none)
