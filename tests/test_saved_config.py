@@ -102,14 +102,17 @@ def _set(section: str, key: str, value):
 
 
 INTERPOLATION = "${oc.env:" + SECRET_ENV + "}"
+CREATED = "created.log"     # a file a planted class would create
 #: name -> (the edit, given the planted files; words of the one error line)
 PLANTS = {
     "io.FileIO": (lambda victim, remote: _model(_target_="io.FileIO", file=str(victim), mode="w"),
                   ["config.yaml: model._target_: 'io.FileIO' is not one of the framework's classes", TRUST_FLAG]),
-    "logging.FileHandler": (lambda victim, remote: _model(_target_="logging.FileHandler", filename=str(victim),
-                                                          mode="w"), ["model._target_: 'logging.FileHandler'"]),
+    "logging.FileHandler": (lambda victim, remote: _model(_target_="logging.FileHandler", mode="w",
+                                                          filename=str(victim.with_name(CREATED))),
+                            ["model._target_: 'logging.FileHandler'"]),
     "nested _target_": (lambda victim, remote: _set("model", "norm", {"_target_": "logging.FileHandler",
-                                                                      "filename": str(victim), "mode": "w"}),
+                                                                      "filename": str(victim.with_name(CREATED)),
+                                                                      "mode": "w"}),
                         ["config.yaml: model.norm._target_: Hydra's _target_ is refused here"]),
     "secret in lora.dropout": (lambda victim, remote: _set("lora", "dropout", INTERPOLATION),
                                ["config.yaml: lora.dropout: holds an interpolation"]),
@@ -139,7 +142,8 @@ def test_a_planted_config_is_refused_in_one_line_and_runs_nothing(name, lora_ste
             continue        # trusted, the checkpoint's classes are the user's to run: not these
         assert_refused(generate_here(capsys, step, *extra), *words)
         assert_refused(export_here(capsys, step, tmp_path / "out", *extra), *words)
-    assert victim.read_text() == "precious" and not ran.exists() and not (tmp_path / "out").exists()
+    assert victim.read_text() == "precious" and not (tmp_path / CREATED).exists() and not ran.exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_class_of_the_users_is_imported_with_trust_only(lora_step, tmp_path, capsys):
