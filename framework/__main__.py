@@ -14,6 +14,7 @@ from framework.config.paths import CONFIG_DIR
 from framework.config.removed import refuse_removed_keys
 from framework.config_store import register_configs
 from framework.errors import ConfigError
+from framework.redact import RedactingStream, redact_files, redacted
 
 _task_started = False
 _failed_points: set[int] = set()
@@ -28,6 +29,7 @@ def app(cfg) -> float | None:
     """Returns the run's trainer.objective, which a sweeper such as Optuna minimises."""
     global _task_started
     _task_started = True
+    redact_hydra_records()
     refuse_a_study_without_its_objective(cfg)
     try:
         return launch.run(cfg, HydraConfig.get().runtime.output_dir)
@@ -37,6 +39,19 @@ def app(cfg) -> float | None:
             raise
         _failed_points.add(e.code)
         raise SweepPointFailed(f"exit code {e.code}") from None
+
+
+def redact_hydra_records() -> None:
+    """Hydra writes the command line's values into its records before the job starts (.hydra/ in the run dir,
+    multirun.yaml in a sweep's dir): rewrite them with credentials redacted, first thing."""
+    hydra_cfg = HydraConfig.get()
+    paths = []
+    if hydra_cfg.output_subdir is not None:
+        records = os.path.join(hydra_cfg.runtime.output_dir, hydra_cfg.output_subdir)
+        paths += [os.path.join(records, name) for name in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        paths.append(os.path.join(hydra_cfg.sweep.dir, "multirun.yaml"))
+    redact_files(paths)
 
 
 def refuse_a_study_without_its_objective(cfg) -> None:
@@ -62,7 +77,7 @@ def main() -> None:
     try:
         refuse_removed_keys(sys.argv[1:])
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redacted(str(e))}", file=sys.stderr)
         sys.exit(exit_codes.USAGE)
     if {"-m", "--multirun"} & set(sys.argv[1:]):
         import torch
@@ -70,6 +85,7 @@ def main() -> None:
     register_configs()
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    sys.stderr = RedactingStream(sys.stderr)
     try:
         app()
     except SystemExit as e:

@@ -11,7 +11,7 @@ import shutil
 import sys
 from datetime import timedelta
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from framework import exit_codes, sweep_gpus
 from framework.cluster.engines import engine_class
@@ -23,6 +23,7 @@ from framework.data.resolve import apply_dataset_manifests, given_on_command_lin
 from framework.world import spawned_workers, under_torchrun, world_size_for
 from framework.metrics import trackers
 from framework.metrics.logger import final_value
+from framework.redact import redacted, redacted_yaml
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -97,11 +98,11 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
             cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
             trackers.probe(cfg)
     except trackers.TrackerError as e:
-        print(f"error: logging.trackers: {e}", file=sys.stderr)
+        print(f"error: logging.trackers: {redacted(str(e))}", file=sys.stderr)
         remove_if_only_hydra_files(run_dir)
         sys.exit(exit_codes.USAGE)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redacted(str(e))}", file=sys.stderr)
         remove_if_only_hydra_files(run_dir)
         sys.exit(exit_codes.USAGE)
 
@@ -113,7 +114,8 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
 
     if is_rank_zero():
         os.makedirs(run_dir, exist_ok=True)
-        OmegaConf.save(cfg, os.path.join(run_dir, RESOLVED_CONFIG), resolve=True)
+        with open(os.path.join(run_dir, RESOLVED_CONFIG), "w", encoding="utf-8") as f:
+            f.write(redacted_yaml(cfg))
     engine.run(run_dir)
     return final_value(run_dir, cfg.trainer.objective) if is_rank_zero() else None
 

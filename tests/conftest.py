@@ -77,7 +77,13 @@ def compose_config():
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
+def mlflow_root(tmp_path_factory):
+    """Where the session's MLflow server keeps everything: its sqlite store, its artifacts, its log."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(mlflow_root):
     """A real `mlflow server` on a free local port with a sqlite store, started once per session (it takes a
     few seconds); its tracking URI."""
     import os
@@ -88,7 +94,7 @@ def mlflow_server(tmp_path_factory):
     import time
     import urllib.request
 
-    root = tmp_path_factory.mktemp("mlflow")
+    root = mlflow_root
     log = open(root / "server.log", "w")
     # A free port is free only until someone binds it: the other pytest-xdist worker's jobs bind ports too, and
     # the server takes seconds to start. One that lost its port exits; it is started again on another.

@@ -10,13 +10,13 @@ from tests.helpers import REPO
 
 LAYERS = [
     {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
-     "fork_server_freeze", "storage"},
+     "fork_server_freeze", "storage", "redact"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},
-    {"world", "sweep_gpus", "precision", "export"},
-    {"generate", "parallel"},
+    {"world", "sweep_gpus", "precision"},
+    {"parallel"},
     {"metrics"},
-    {"config"},
+    {"config", "export", "generate"},
     {"strategies"},
     {"trainer", "step_batches", "config_store"},
     {"plan", "worker"},

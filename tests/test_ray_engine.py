@@ -9,6 +9,8 @@ import pytest
 
 from framework.checkpoint.retention import Saved, kept_steps
 from tests.helpers import FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework
+from tests.planted_secrets import (bucket_objects, files_under, leaks, planted_env, redacted_uri, wandb_offline,
+                                   with_password)
 from tests.servers import RAY_CLIENT_ENV, RayCluster, make_bucket, refused
 from tests.test_docs_ray import EXISTING, shell
 
@@ -20,37 +22,44 @@ REPORTS = "launcher.ray.callbacks=[tests.fixtures.ray_reports.RecordReports]"
 @pytest.fixture(scope="module")
 def ray_cluster(s3_env, tmp_path_factory):
     """One Ray cluster for this module's jobs (Ray takes seconds to start), up only while they run; its nodes
-    reach the S3 server. `.address` is its head, `.reports` the file tests.fixtures.ray_reports writes."""
-    cluster = RayCluster(s3_env, tmp_path_factory.mktemp("ray") / "reports.jsonl")
+    reach the S3 server and log to W&B offline (under `.home`). `.address` is its head, `.reports` the file
+    tests.fixtures.ray_reports writes."""
+    home = tmp_path_factory.mktemp("ray_home")
+    cluster = RayCluster({**s3_env, **wandb_offline(home)}, tmp_path_factory.mktemp("ray") / "reports.jsonl")
+    cluster.home = home
     yield cluster
     cluster.stop()
 
 
-def ray_job(ray_cluster, s3_env, run_dir, *args, env=None):
-    return run_framework([*FAST, *RAY, f"launcher.ray.address={ray_cluster.address}", *args], run_dir, timeout=600,
+def ray_job(ray_cluster, s3_env, run_dir, *args, env=None, base=FAST):
+    return run_framework([*base, *RAY, f"launcher.ray.address={ray_cluster.address}", *args], run_dir, timeout=600,
                          env={**s3_env, **RAY_CLIENT_ENV, **(env or {})})
 
 
 @pytest.fixture(scope="module")
-def ddp_on_ray(ray_cluster, s3_env, tmp_path_factory):
+def ddp_on_ray(ray_cluster, s3_env, mlflow_server, tmp_path_factory):
     """ddp x2 on Ray, evaluating and saving every 2 steps into a bucket, keeping the newest and the 2 best by
-    val_loss, every record also passed to a Ray callback."""
+    val_loss, every record also passed to a Ray callback; logging to TensorBoard, W&B (offline) and MLflow through
+    a URL with a password, with secrets in its environment (tests/planted_secrets.py)."""
     bucket = make_bucket(s3_env, "ray-ddp")
     run_dir = tmp_path_factory.mktemp("ray_ddp")
+    home = tmp_path_factory.mktemp("ray_ddp_home")
     proc = ray_job(ray_cluster, s3_env, run_dir, "parallel=ddp", "checkpoint.enabled=true", "checkpoint.interval=2",
                    "trainer.eval_every=2", "checkpoint.keep_last=1", "checkpoint.keep_best=2",
-                   f"checkpoint.dir={bucket}/ckpt", REPORTS)
+                   f"checkpoint.dir={bucket}/ckpt", REPORTS, "logging.trackers=[tensorboard,mlflow,wandb]",
+                   "logging.experiment=ray-secrets", f"logging.mlflow_tracking_uri={with_password(mlflow_server)}",
+                   env=planted_env(s3_env, home), base=[a for a in FAST if not a.startswith("logging.trackers")])
     check_ok(proc)
-    return run_dir, f"{bucket}/ckpt"
+    return run_dir, f"{bucket}/ckpt", home, proc
 
 
 def test_ddp_under_ray_gives_our_launchers_losses(ddp_on_ray, trained_run):
-    run_dir, _ = ddp_on_ray
+    run_dir = ddp_on_ray[0]
     assert max_rel_diff(losses(trained_run("parallel=ddp")), losses(run_dir)) <= EXACT
 
 
 def test_every_metrics_record_reaches_rays_controller(ddp_on_ray, ray_cluster):
-    run_dir, _ = ddp_on_ray
+    run_dir = ddp_on_ray[0]
     seen = [json.loads(line)["metrics"] for line in ray_cluster.reports.read_text().splitlines()
             if json.loads(line)["run_dir"] == str(run_dir)]
     logged = read_metrics(run_dir)
@@ -61,7 +70,7 @@ def test_every_metrics_record_reaches_rays_controller(ddp_on_ray, ray_cluster):
 def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_beside_them(ddp_on_ray, s3_env,
                                                                                         monkeypatch):
     from framework import storage
-    run_dir, root = ddp_on_ray
+    run_dir, root = ddp_on_ray[:2]
     for key, value in s3_env.items():
         monkeypatch.setenv(key, value)
     scored = [Saved(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
@@ -72,6 +81,24 @@ def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_besi
     assert {n for n in names if n.startswith("step_")} == expected
     assert all(storage.isfile(storage.join(root, n, "meta.json")) for n in expected)
     assert [n for n in names if n.startswith("ray-")], f"Ray's own files are not under {root}: {names}"
+
+
+def test_no_file_log_bucket_or_tracker_store_of_a_ray_job_holds_a_secret(ddp_on_ray, ray_cluster, s3_env,
+                                                                         mlflow_server, mlflow_root):
+    """Ray's own logs (its session under the cluster's temp dir: driver, controller and worker logs) and the
+    files Ray Train keeps beside the checkpoints too; MLflow still got the run, its parameters redacted."""
+    from mlflow.tracking import MlflowClient
+    run_dir, _, home, proc = ddp_on_ray
+    written = {**files_under(run_dir, home, ray_cluster.home, mlflow_root, ray_cluster.temp_dir),
+               **bucket_objects(s3_env, "ray-ddp"),
+               "stdout": proc.stdout, "stderr": proc.stderr}
+    assert any("/logs/" in p and "worker" in p for p in written) and any("/wandb/" in p for p in written)
+    assert any(p.startswith("s3://ray-ddp/ckpt/ray-") for p in written)
+    assert leaks(written) == []
+    client = MlflowClient(mlflow_server)
+    [run] = client.search_runs([client.get_experiment_by_name("ray-secrets").experiment_id])
+    assert run.data.params["logging.mlflow_tracking_uri"] == redacted_uri(mlflow_server)
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == len(read_metrics(run_dir))
 
 
 def test_on_an_existing_cluster_the_job_gives_our_launchers_losses(ray_cluster, s3_env, tmp_path, trained_run):

@@ -37,6 +37,7 @@ from framework.checkpoint.manifest import first_damage, shared_manifest
 from framework.checkpoint.retention import Saved, kept_steps, score_of
 from framework.checkpoint.safety import load_tensors_only
 from framework.data import tokenizer
+from framework.redact import redacted_yaml
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 META, TRAINER, CONFIG, STATE, RNG = "meta.json", "trainer.json", "config.yaml", "state", "rng"
@@ -251,7 +252,7 @@ class CheckpointManager:
         faults.inject("save", step)    # every rank's shard written, the checkpoint not yet complete
         if _rank() == 0:
             _write_json(storage.join(target, TRAINER), {"step": step})
-            storage.write_text(storage.join(target, CONFIG), OmegaConf.to_yaml(self.cfg, resolve=True))
+            storage.write_text(storage.join(target, CONFIG), redacted_yaml(self.cfg))
             tokenizer.record_in(self.cfg.data, target)
         files = shared_manifest(target, skip=(META,))    # every rank checksums its share
         if _rank() == 0:

@@ -157,21 +157,29 @@ def record_in(data_cfg, out_dir: str) -> None:
 
 
 def chat_config_in(folder: str) -> dict:
-    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json) and the BOS token it
-    writes, as write_hf_files takes them; {} if none."""
+    """The chat template recorded in a checkpoint or export dir (its tokenizer_config.json, read as data: the
+    template is rendered in Jinja's sandbox) and the BOS token it writes, as write_hf_files takes them; {} if
+    none. TokenizerError for a file that is not JSON."""
     config = storage.join(folder, CONFIG_FILE)
     if not storage.isfile(config):
         return {}
-    found = json.loads(storage.read_text(config))
-    template = found.get("chat_template")
+    try:
+        found = json.loads(storage.read_text(config))
+    except ValueError as e:
+        raise TokenizerError(f"{config}: not JSON ({str(e).splitlines()[0][:120]})") from None
+    template = found.get("chat_template") if isinstance(found, dict) else None
     if not isinstance(template, str) or not template:
         return {}
-    return {"chat_template": template, **({"bos_token": found["bos_token"]} if found.get("bos_token") else {})}
+    bos = found.get("bos_token")
+    if bos is not None and not isinstance(bos, str):
+        raise TokenizerError(f"{config}: bos_token: {type(bos).__name__}, not the token's text")
+    return {"chat_template": template, **({"bos_token": bos} if bos else {})}
 
 
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
     """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
-    byte-level sources; None when the run never named one (a flat token file without data.tokenizer)."""
+    byte-level sources; None when the run never named one (a flat token file without data.tokenizer).
+    `data_cfg`: the data section of the checkpoint's config as framework/config/saved.py reads it (checked)."""
     copied = storage.join(step_dir, TOKENIZER_FILE)
     if storage.isfile(copied):
         return load_file(copied)

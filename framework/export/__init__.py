@@ -1,52 +1,51 @@
 """`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF safetensors + config.json,
 in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter). A LoRA run's
 checkpoint gives the base weights plus the adapter in PEFT's format (export/adapter.py), or with `merge` the
-merged weights."""
+merged weights. The checkpoint's config.yaml is read as data (framework/config/saved.py): it names no code to
+run, and nothing of the reader's environment reaches the files written. Those get the modes of files the user
+creates (their umask), the folder too."""
 from __future__ import annotations
 
 import glob
 import json
 import os
 import shutil
-import tempfile
+import stat
+import uuid
 
-from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
 from framework import storage
 from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
 from framework.checkpoint.safety import UnsafeCheckpointError
+from framework.config.saved import SavedConfig, SavedConfigError, read_saved_config
 from framework.data import tokenizer as tokenizers_
 from framework.export import adapter as adapters_
 from framework.export.read import READERS
 from framework.models import hf_files
-from framework.models.spec import spec_for
+from framework.models.spec import model_dict
 
 
 class ExportError(ValueError):
     """Input the exporter cannot use; reported as one line, exit code 2."""
 
 
-def _model_spec(step_dir: str):
-    """(spec, model config) of the checkpoint's model."""
+def _model_spec(step_dir: str, trust_code: bool) -> tuple[SavedConfig, dict]:
+    """(the checkpoint's config as data, its model section as a dict) of a model with a Hugging Face layout."""
     try:
-        cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG)))
-        model = OmegaConf.to_container(cfg.model, resolve=True)
-    except Exception as e:
-        raise ExportError(f"{step_dir}/{CONFIG} is missing or unreadable ({type(e).__name__})") from None
-    try:
-        spec = spec_for(model)
-    except Exception as e:
-        raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')}, which cannot be imported "
-                          f"({type(e).__name__})") from None
+        saved = read_saved_config(step_dir, trust_code)
+    except SavedConfigError as e:
+        raise ExportError(str(e)) from None
+    spec, model = saved.spec, model_dict(saved.model)
     if not spec.has_hf_layout:
         raise ExportError(f"{step_dir} holds model._target_={model.get('_target_')} (model spec {spec.name}), "
                           f"which has no Hugging Face layout to export to")
     try:
         spec.hf_config(model)
-    except (TypeError, ValueError) as e:
-        raise ExportError(f"{step_dir}/{CONFIG}: model section does not fit model spec {spec.name} ({e})") from None
-    return spec, model
+    except (TypeError, ValueError, OSError) as e:
+        raise ExportError(f"{step_dir}/{CONFIG}: model section does not fit model spec {spec.name} "
+                          f"({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]})") from None
+    return saved, model
 
 
 def _check_out_dir(out_dir: str, force: bool) -> None:
@@ -65,11 +64,12 @@ def newest_step_dir(path: str) -> str:
     return found[-1] if found else path
 
 
-def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False) -> dict:
+def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False, trust_code: bool = False) -> dict:
     """Write out_dir/{model.safetensors, config.json} and the checkpoint's tokenizer (tokenizer.json,
     tokenizer_config.json, with the chat template the run trained with); a LoRA run's adapter goes to
     out_dir/adapter/ unless `merge` folds it into the weights. Return the HF config. Nothing is written on
-    error. `step_dir` may be a path or a URL (s3://...)."""
+    error. `step_dir` may be a path or a URL (s3://...). `trust_code`: a class the checkpoint's config names may
+    be imported (framework/config/saved.py TRUST_FLAG)."""
     try:
         meta = read_meta(step_dir)
         found = damage(step_dir)
@@ -84,7 +84,8 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
     if meta.get("format") not in READERS:
         raise ExportError(f"{step_dir} has state format {meta.get('format')!r}; "
                           f"export reads {' and '.join(READERS)}")
-    spec, model = _model_spec(step_dir)
+    saved, model = _model_spec(step_dir, trust_code)
+    spec, lora_cfg = saved.spec, saved.lora
     _check_out_dir(out_dir, force)
     try:
         state = READERS[meta["format"]](step_dir)
@@ -94,7 +95,6 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
         raise ExportError(f"{step_dir}: cannot read the {meta['format']} state ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     base, adapters = adapters_.split_state(state)
-    lora_cfg = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora")
     if merge and not adapters:
         raise ExportError(f"{step_dir} holds no LoRA adapters to merge; export it without --merge")
     try:
@@ -111,10 +111,14 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
     except hf_files.LayoutError as e:
         raise ExportError(f"{step_dir}: {e}") from None
     config = spec.hf_config(model)
-    tok = _tokenizer(step_dir)
+    tok = _tokenizer(step_dir, saved)
     if tok is not None:
         _fill_special_token_ids(config, tok)
-    _write(out_dir, tensors, config, tok, tokenizers_.chat_config_in(step_dir), write_adapter)
+    try:
+        chat = tokenizers_.chat_config_in(step_dir)
+    except tokenizers_.TokenizerError as e:
+        raise ExportError(str(e)) from None
+    _write(out_dir, tensors, config, tok, chat, write_adapter)
     return config
 
 
@@ -127,11 +131,10 @@ def _fill_special_token_ids(config: dict, tok) -> None:
             config[key] = token_id
 
 
-def _tokenizer(step_dir: str):
+def _tokenizer(step_dir: str, saved: SavedConfig):
     """The checkpoint's tokenizer, to write beside the weights (None: the run recorded none)."""
     try:
-        data = OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).data
-        return tokenizers_.of_checkpoint(step_dir, data)
+        return tokenizers_.of_checkpoint(step_dir, saved.data)
     except tokenizers_.TokenizerError as e:
         raise ExportError(f"{step_dir}: {e}") from None
 
@@ -141,7 +144,9 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat: dict | Non
     more (the adapter) and returns the names it wrote."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    # made as the user's umask makes folders (tempfile.mkdtemp's are 0700): it becomes out_dir when that is new
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(out_dir))}.{uuid.uuid4().hex[:8]}")
+    os.mkdir(tmp)
     try:
         save_file(tensors, os.path.join(tmp, hf_files.WEIGHTS), metadata={"format": "pt"})
         with open(os.path.join(tmp, hf_files.CONFIG), "w") as f:
@@ -151,6 +156,7 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat: dict | Non
             names += tokenizers_.write_hf_files(tok, tmp, **(chat or {}))
         if write_extra is not None:
             names += write_extra(tmp)
+        _modes_of_the_umask(tmp)
         if not os.path.exists(out_dir):
             os.rename(tmp, out_dir)
             return
@@ -165,3 +171,17 @@ def _write(out_dir: str, tensors: dict, config: dict, tok=None, chat: dict | Non
             os.remove(stale)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _modes_of_the_umask(folder: str) -> None:
+    """Every file and folder under `folder` as the user's umask makes new ones (`folder`'s own mode is one):
+    safetensors writes its files 0600, while the tokenizer's and the config's get the umask's."""
+    probe = os.path.join(folder, ".mode")
+    open(probe, "w").close()
+    file_mode, dir_mode = stat.S_IMODE(os.stat(probe).st_mode), stat.S_IMODE(os.stat(folder).st_mode)
+    os.remove(probe)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), dir_mode)
+        for name in files:
+            os.chmod(os.path.join(root, name), file_mode)

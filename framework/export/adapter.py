@@ -1,6 +1,7 @@
 """A LoRA run's export: the base weights in the Hugging Face layout, plus the adapter in PEFT's format
 (adapter/adapter_config.json and adapter/adapter_model.safetensors, which peft's PeftModel.from_pretrained
-loads onto the transformers model), or with --merge the merged full weights.
+loads onto the transformers model), or with --merge the merged full weights. `load_adapter` reads it back onto
+our own model (framework.generate on an export dir).
 
 An adapter's names follow its base weight's: the model spec's to_hf maps `<linear>.weight` to the HF name, and
 lora_B's rows go the way the weight's rows go (a Llama q/k projection's rows are reordered for HF's rotary
@@ -12,14 +13,21 @@ import json
 import os
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from framework.models import lora
+from framework.models.hf_files import LayoutError
 from framework.models.lora import is_adapter
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
+#: PEFT's names of an adapter's tensors -> ours
+PEFT_TENSORS = {".lora_A.weight": "lora_A", ".lora_B.weight": "lora_B", ".lora_magnitude_vector": "lora_magnitude"}
+#: adapter_config.json settings our adapters do not compute, and the value they must have (what write_adapter writes)
+PEFT_FIXED = {"bias": "none", "fan_in_fan_out": False, "use_rslora": False, "modules_to_save": None,
+              "rank_pattern": {}, "alpha_pattern": {}, "lora_bias": False}
 
 
 def split_state(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
@@ -81,4 +89,75 @@ def write_adapter(out_dir: str, spec, model_cfg, adapters: dict, lora_cfg) -> li
     with open(os.path.join(folder, ADAPTER_CONFIG), "w") as f:
         json.dump(config, f, indent=2)
     return [ADAPTER_DIR]
+
+
+class AdapterError(LayoutError):
+    """An export's adapter/ that generate cannot apply; reported as one line, exit code 2."""
+
+
+def _adapter_config(folder: str) -> tuple[int, float, bool]:
+    """(rank, alpha, dora) of adapter_config.json, read as data; AdapterError for anything else."""
+    where = os.path.join(folder, ADAPTER_CONFIG)
+    try:
+        with open(where) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{where}: unreadable ({type(e).__name__})") from None
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        raise AdapterError(f"{where}: peft_type: not LORA")
+    rank, alpha, dora = config.get("r"), config.get("lora_alpha"), config.get("use_dora", False)
+    if type(rank) is not int or rank <= 0:
+        raise AdapterError(f"{where}: r: {rank!r} is not a positive integer")
+    if type(alpha) not in (int, float) or type(dora) is not bool:
+        raise AdapterError(f"{where}: lora_alpha / use_dora: {alpha!r} / {dora!r} are not a number and a bool")
+    for key, value in PEFT_FIXED.items():
+        if config.get(key) and config[key] != value:
+            raise AdapterError(f"{where}: {key}: {config[key]!r}; generate applies adapters as framework.export "
+                               f"writes them ({key}={value!r}): export with --merge instead")
+    return rank, float(alpha), dora
+
+
+@torch.no_grad()
+def load_adapter(export_dir: str, spec, model_cfg, model) -> None:
+    """Put the adapter of an export dir (write_adapter's files) on `model`, built from its base weights: the
+    linears it names become LoRALinear modules holding its values in our layout, as the checkpoint's model had
+    them (lora_B's and the magnitude's rows back from HF's row order)."""
+    folder = os.path.join(export_dir, ADAPTER_DIR)
+    rank, alpha, dora = _adapter_config(folder)
+    where = os.path.join(folder, ADAPTER_WEIGHTS)
+    try:
+        tensors = load_file(where)
+    except (OSError, ValueError) as e:      # safetensors' own errors are ValueError's
+        raise AdapterError(f"{where}: unreadable ({type(e).__name__})") from None
+    ours = {}       # HF module name -> (our linear's name, order: HF's row i is our row order[i])
+    for name in lora.target_linears(model, spec.block_classes(model), (), spec.lora_skip()):
+        rows = model.get_submodule(name).out_features
+        try:
+            hf_name, order = _hf_module(spec, model_cfg, name, torch.arange(rows, dtype=torch.float64)[:, None])
+        except LayoutError:
+            continue
+        ours[hf_name] = (name, order[:, 0].long())
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        suffix = next((s for s in PEFT_TENSORS if key.endswith(s)), None)
+        hf_name = key[len(PEFT_PREFIX):-len(suffix)] if key.startswith(PEFT_PREFIX) and suffix else None
+        if hf_name not in ours:
+            raise AdapterError(f"{where}: {key} names no adaptable linear of this {spec.name} model")
+        found.setdefault(hf_name, {})[PEFT_TENSORS[suffix]] = tensor.float()
+    lora.apply_lora(model, sorted(ours[m][0] for m in found), rank, alpha, 0.0, dora)
+    for hf_name, parts in found.items():
+        name, order = ours[hf_name]
+        module = model.get_submodule(name)
+        wanted = {"lora_A": module.lora_A, "lora_B": module.lora_B}
+        if dora:
+            wanted["lora_magnitude"] = module.lora_magnitude
+        if set(parts) != set(wanted) or any(parts[k].shape != p.shape for k, p in wanted.items()):
+            raise AdapterError(f"{where}: {hf_name}: {sorted(parts)} of shapes "
+                               f"{[tuple(t.shape) for t in parts.values()]} do not fit its linear "
+                               f"({module.in_features} -> {module.out_features}, rank {rank}, dora {dora})")
+        for key, param in wanted.items():
+            value = parts[key]
+            if key != "lora_A":         # rows follow the weight's: HF row i holds our row order[i]
+                value = torch.empty_like(value).index_copy_(0, order, value)
+            param.copy_(value)
 

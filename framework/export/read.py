@@ -9,14 +9,14 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
-from omegaconf import OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework import storage
 from framework.checkpoint.dcp_state import reader as dcp_reader
-from framework.checkpoint.manager import CONFIG, STATE
+from framework.checkpoint.manager import STATE
 from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
+from framework.config.saved import saved_section
 from framework.models.lora import dequantized, nf4_read_target, pickled_base_classes
 
 MODEL_PREFIX = "model."
@@ -48,7 +48,8 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
 
 
 def _lora_config(step_dir: str):
-    return OmegaConf.create(storage.read_text(storage.join(step_dir, CONFIG))).get("lora") or {}
+    """The checkpoint's lora section, read as data (framework/config/saved.py)."""
+    return saved_section(step_dir, "lora")
 
 
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:

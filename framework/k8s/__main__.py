@@ -1,7 +1,8 @@
 """`python -m framework.k8s --kind trainjob|pytorchjob|rayjob --image IMAGE --nodes N --gpus-per-node G [-m] [overrides]`
 
 Composes and validates the config exactly as `python -m framework OVERRIDES` would, for a world of
-N x processes-per-node, and prints the manifests that run it (one ConfigMap + job per sweep point with -m).
+N x processes-per-node, and prints the manifests that run it (one ConfigMap + job per sweep point with -m; a
+Secret before them where the config holds credentials, which the ConfigMap then does not).
 A RayJob's nodes are its worker group's pods (the head runs the driver); its config says launcher.engine=ray.
 """
 from __future__ import annotations
@@ -18,10 +19,12 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes, launch
 from framework.errors import ConfigError
+from framework.redact import redacted
 from framework.config.paths import CONFIG_DIR
 from framework.config_store import register_configs
 from framework.config.validate import validate
-from framework.k8s.manifests import KIND_OVERRIDES, KINDS, JobSpec, config_map, rfc1035
+from framework.k8s.manifests import (CONFIG_SUFFIX, KIND_OVERRIDES, KINDS, SECRET_SUFFIX, JobSpec, config_map,
+                                     rfc1035, secret, secrets_out)
 from framework.strategies.registry import strategy_class
 
 PASSED_THROUGH = ("NCCL_",)     # the cluster's network tuning travels with the job
@@ -71,9 +74,11 @@ def manifests_for(args: argparse.Namespace, overrides: list[str], name: str, com
         cfg = compose_fn([*overrides, *KIND_OVERRIDES[args.kind](args.nodes, procs)])
     validate(cfg, args.nodes * procs, cls)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_THROUGH)}
+    config, secrets = secrets_out(OmegaConf.to_container(cfg, resolve=True))
     spec = JobSpec(name, args.image, args.nodes, procs, args.gpus_per_node, rfc1035(args.volume_claim, 253),
-                   args.runs_path.rstrip("/") or "/", env)
-    return [config_map(spec, OmegaConf.to_yaml(cfg, resolve=True)), KINDS[args.kind](spec)]
+                   args.runs_path.rstrip("/") or "/", env, tuple(secrets))
+    shipped = config_map(spec, OmegaConf.to_yaml(OmegaConf.create(config)))
+    return [*([secret(spec, secrets)] if secrets else []), shipped, KINDS[args.kind](spec)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
     OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
     points = sweep_points(args.overrides, args.multirun)
-    base = rfc1035(args.name, 63 - len(f"-{len(points)}-config"))
+    base = rfc1035(args.name, 63 - len(f"-{len(points)}{max(CONFIG_SUFFIX, SECRET_SUFFIX, key=len)}"))
     docs = []
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
@@ -91,11 +96,11 @@ def main(argv: list[str] | None = None) -> None:
             for i, point in enumerate(points):
                 docs += manifests_for(args, point, f"{base}-{i}" if args.multirun else base, compose_fn)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redacted(str(e))}", file=sys.stderr)
         sys.exit(exit_codes.USAGE)
     except Exception as e:   # Hydra's own composition errors: an unknown key or group option
         if type(e).__module__.startswith(("hydra", "omegaconf")):
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            print(f"error: {redacted(str(e).splitlines()[0])}", file=sys.stderr)
             sys.exit(exit_codes.USAGE)
         raise
     yaml.dump_all(docs, sys.stdout, Dumper=_Dumper, sort_keys=False, width=120)

@@ -14,12 +14,17 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from framework.redact import has_credentials
+
 CONFIG_DIR = "/etc/framework"
 CONFIG_VOLUME, RUNS_VOLUME = "config", "runs"
 GPU = "nvidia.com/gpu"
 RUNTIME = "torch-distributed"
 TRAINER_CONTAINER = "node"      # the torch-distributed runtime's container and replicated job
 PYTORCHJOB_CONTAINER = "pytorch"
+SECRET_ENV_PREFIX = "FRAMEWORK_SECRET_"
+#: the names a job's objects take after the job's own (the longest bounds the job's name)
+CONFIG_SUFFIX, SECRET_SUFFIX = "-config", "-secrets"
 
 
 def rfc1035(name: str, limit: int = 63) -> str:
@@ -41,17 +46,23 @@ class JobSpec:
     volume_claim: str
     runs_path: str
     env: dict[str, str]
+    secret_keys: tuple[str, ...] = ()     # environment variables the pods take from the job's Secret
 
     @property
     def config_map(self) -> str:
-        return rfc1035(f"{self.name}-config")
+        return rfc1035(f"{self.name}{CONFIG_SUFFIX}")
+
+    @property
+    def secret(self) -> str:
+        return rfc1035(f"{self.name}{SECRET_SUFFIX}")
 
     def command(self) -> list[str]:
         return ["python", "-m", "framework", "--config-path", CONFIG_DIR, "--config-name", "config",
                 f"hydra.run.dir={self.runs_path}/{self.name}", "checkpoint.resume=auto"]
 
     def env_list(self) -> list[dict]:
-        return [{"name": k, "value": v} for k, v in sorted(self.env.items())]
+        return [{"name": k, "value": v} for k, v in sorted(self.env.items())] + \
+            [{"name": k, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": k}}} for k in self.secret_keys]
 
     def resources(self) -> dict | None:
         return {"limits": {GPU: str(self.gpus_per_node)}} if self.gpus_per_node else None
@@ -65,6 +76,25 @@ class JobSpec:
                 {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
 
 
+def secrets_out(config, key: str = "") -> tuple[object, dict[str, str]]:
+    """(the config with each value that holds credentials replaced by `${oc.env:<variable>}`, {variable: value})."""
+    if isinstance(config, dict):
+        pairs = [secrets_out(value, f"{key}.{name}" if key else str(name)) for name, value in config.items()]
+        return dict(zip(config, (p[0] for p in pairs))), {k: v for p in pairs for k, v in p[1].items()}
+    if isinstance(config, list):
+        pairs = [secrets_out(value, f"{key}.{i}") for i, value in enumerate(config)]
+        return [p[0] for p in pairs], {k: v for p in pairs for k, v in p[1].items()}
+    if has_credentials(config):
+        variable = SECRET_ENV_PREFIX + re.sub(r"[^A-Za-z0-9]", "_", key).upper()
+        return f"${{oc.env:{variable}}}", {variable: config}
+    return config, {}
+
+
+def secret(spec: JobSpec, values: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": spec.secret}, "type": "Opaque",
+            "stringData": values}
+
+
 def config_map(spec: JobSpec, config_yaml: str) -> dict:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": spec.config_map},
             "data": {"config.yaml": config_yaml}}
@@ -73,7 +103,7 @@ def config_map(spec: JobSpec, config_yaml: str) -> dict:
 def train_job(spec: JobSpec) -> dict:
     trainer = {"image": spec.image, "command": spec.command(), "numNodes": spec.nodes,
                "numProcPerNode": spec.procs_per_node}
-    if spec.env:
+    if spec.env_list():
         trainer["env"] = spec.env_list()
     if spec.resources():
         trainer["resourcesPerNode"] = spec.resources()
@@ -88,7 +118,7 @@ def train_job(spec: JobSpec) -> dict:
 def pytorch_job(spec: JobSpec) -> dict:
     container = {"name": PYTORCHJOB_CONTAINER, "image": spec.image, "command": spec.command(),
                  "volumeMounts": spec.volume_mounts()}
-    if spec.env:
+    if spec.env_list():
         container["env"] = spec.env_list()
     if spec.resources():
         container["resources"] = spec.resources()
@@ -110,7 +140,7 @@ RAY_HEAD, RAY_WORKER, RAY_WORKERS = "ray-head", "ray-worker", "workers"
 def ray_job(spec: JobSpec) -> dict:
     def pod(container: str, resources: dict | None) -> dict:
         main = {"name": container, "image": spec.image, "volumeMounts": spec.volume_mounts()}
-        if spec.env:
+        if spec.env_list():
             main["env"] = spec.env_list()
         if resources:
             main["resources"] = resources

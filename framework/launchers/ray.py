@@ -24,6 +24,7 @@ from framework.errors import ConfigError
 from framework.faults import FAULTS_ENV
 from framework.launchers.base import Engine
 from framework.launchers.ray_probe import handshake
+from framework.redact import redacted
 from framework.world import under_torchrun
 
 #: the driver's environment that the workers get too: the test switch of framework.faults
@@ -127,7 +128,7 @@ class RayEngine(Engine):
         except ray.train.TrainingFailedError as e:
             attempts = cfg.launcher.max_restarts + 1
             print(f"error: the Ray workers failed ({attempts} attempt{'s' if attempts > 1 else ''}, "
-                  f"launcher.max_restarts={cfg.launcher.max_restarts}): {_first_cause(e)}", file=sys.stderr)
+                  f"launcher.max_restarts={cfg.launcher.max_restarts}): {redacted(_first_cause(e))}", file=sys.stderr)
             sys.exit(1)
         finally:
             if self.started_here:

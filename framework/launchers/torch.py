@@ -19,6 +19,7 @@ from framework.checkpoint.manager import META, CheckpointError, checkpoint_dir, 
 from framework.cluster.env import Node, Worker, discover
 from framework.launchers.base import Engine
 from framework.preemption import ignoring, stopping_once_on
+from framework.redact import redacted
 from framework.world import nproc_for_node, under_torchrun
 
 
@@ -189,7 +190,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         if failure.exitcode == exit_codes.REQUEUE:     # the signal reached the workers only
             stopped_by_preemption(cfg, run_dir, "a preemption signal to the workers", started)
         attempts = cfg.launcher.max_restarts + 1
-        print(f"error: worker rank {rank} {describe_failure(failure)} "
+        print(f"error: worker rank {rank} {redacted(describe_failure(failure))} "
               f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",
               file=sys.stderr)
         sys.exit(exit_codes.GPU_FAULT if failure.exitcode == exit_codes.GPU_FAULT else 1)

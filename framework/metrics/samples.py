@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from framework.data.tokenizer import TokenizerError, bos_ids, eos_token
-from framework.generate import next_token
+from framework.models.sampling import next_token
 
 TEMPERATURE, TOP_K = 0.8, 50
 

@@ -7,6 +7,7 @@ import shlex
 import statistics
 
 from framework.checkpoint.manager import checkpoint_dir, complete_checkpoints
+from framework.redact import redacted
 
 # Overrides that the printed commands set themselves.
 _REPLACED = ("checkpoint.resume=", "hydra.run.dir=", "trainer.max_steps=", "trainer.stop_at_step=")
@@ -75,4 +76,5 @@ def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_st
                   f"  export:     {values['export_command']}"]
     if "tensorboard" in cfg.logging.trackers:
         lines.append(f"  tensorboard --logdir {shlex.quote(os.path.join(run_dir, 'tensorboard'))}")
-    return "\n".join(lines), values
+    # the command line may carry credentials (a tracker's URL): neither the console nor a tracker gets them
+    return redacted("\n".join(lines)), redacted(values)

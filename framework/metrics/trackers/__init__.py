@@ -20,6 +20,7 @@ import threading
 
 from framework.metrics.trackers import run_ids
 from framework.metrics.trackers.base import Tracker, TrackerError, split_record
+from framework.redact import redacted
 
 #: name -> "module:class" (imported when chosen: each needs its own client library)
 TRACKERS = {
@@ -52,7 +53,8 @@ def probe(cfg) -> None:
         except TrackerError as e:
             if cfg.logging.tracker_errors != "warn":
                 raise
-            print(f"warning: logging.trackers: {e}; going on without it (logging.tracker_errors=warn)", file=sys.stderr)
+            print(f"warning: logging.trackers: {redacted(str(e))}; going on without it (logging.tracker_errors=warn)",
+                  file=sys.stderr)
     cfg.logging.trackers = kept
 
 
@@ -86,8 +88,8 @@ class Trackers:
 
     @staticmethod
     def _warn(name: str, what: str, e: BaseException) -> None:
-        print(f"warning: logging.trackers: {name} {what} ({type(e).__name__}: {str(e)[:300]}); training goes on "
-              f"without it, metrics.jsonl keeps every record", file=sys.stderr, flush=True)
+        print(f"warning: logging.trackers: {name} {what} ({type(e).__name__}: {redacted(str(e))[:300]}); training "
+              f"goes on without it, metrics.jsonl keeps every record", file=sys.stderr, flush=True)
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:

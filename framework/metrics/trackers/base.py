@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 
 from omegaconf import OmegaConf
 
+from framework.redact import redacted
+
 
 class TrackerError(Exception):
     """A tracker that cannot be reached or started: `tracker_name: what went wrong; what would work`."""
@@ -38,7 +40,7 @@ class Tracker(ABC):
 
 
 def flat_params(cfg) -> dict[str, str | int | float | bool | None]:
-    """The resolved config as dotted keys; lists as JSON."""
+    """The resolved config as dotted keys, credentials redacted; lists as JSON."""
     out = {}
 
     def walk(node, prefix: str) -> None:
@@ -47,7 +49,7 @@ def flat_params(cfg) -> dict[str, str | int | float | bool | None]:
                 walk(value, f"{prefix}{key}.")
             else:
                 out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, dict)) else value
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    walk(redacted(OmegaConf.to_container(cfg, resolve=True)), "")
     return out
 
 

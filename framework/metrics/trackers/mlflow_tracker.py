@@ -13,6 +13,7 @@ import re
 import time
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
+from framework.redact import redacted, without_userinfo
 
 # A server that is down must not hold the run: the client's own default retries for minutes. Each request waits
 # logging.tracker_timeout_s (MLflow takes whole seconds); those from the background thread are tried again twice
@@ -29,6 +30,17 @@ def tracking_uri(cfg) -> str | None:
 def request_timeout(cfg) -> str:
     """MLFLOW_HTTP_REQUEST_TIMEOUT for logging.tracker_timeout_s (an integer there)."""
     return str(max(1, math.ceil(cfg.logging.tracker_timeout_s)))
+def client_uri(uri: str | None) -> tuple[str | None, dict[str, str]]:
+    """(the URI the client is given, the environment that carries its credentials): a user:password@ in the
+    URI goes to the client as MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, which it sends as basic
+    auth, so that neither the URI it keeps nor its errors hold the password."""
+    if uri is None:
+        return None, {}
+    plain, user, password = without_userinfo(uri)
+    env = {"MLFLOW_TRACKING_USERNAME": user} if user else {}
+    if password is not None:
+        env["MLFLOW_TRACKING_PASSWORD"] = password
+    return plain, env
 
 
 @contextlib.contextmanager
@@ -58,12 +70,14 @@ class MlflowTracker(Tracker):
     def probe(cls, cfg) -> None:
         from mlflow.tracking import MlflowClient
         uri = tracking_uri(cfg)
-        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=request_timeout(cfg)):
+        plain, credentials = client_uri(uri)
+        with _environ(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT=request_timeout(cfg), **credentials):
             try:
-                MlflowClient(uri).search_experiments(max_results=1)
+                MlflowClient(plain).search_experiments(max_results=1)
             except Exception as e:
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise TrackerError(f"mlflow: cannot reach the tracking server at {uri} ({reason[:200]}); start it, "
+                raise TrackerError(f"mlflow: cannot reach the tracking server at {redacted(uri)} "
+                                   f"({redacted(reason)[:200]}); start it, "
                                    f"or fix logging.mlflow_tracking_uri / MLFLOW_TRACKING_URI") from None
 
     def start(self, cfg, run_dir: str, run_id: str | None) -> str:
@@ -73,7 +87,10 @@ class MlflowTracker(Tracker):
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", RETRIES)
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = request_timeout(cfg)
-        self.client = client = MlflowClient(tracking_uri(cfg))
+        plain, credentials = client_uri(tracking_uri(cfg))
+        self._credentials = contextlib.ExitStack()      # this process logs: its client sends them, until close
+        self._credentials.enter_context(_environ(**credentials))
+        self.client = client = MlflowClient(plain)
         logged = {}
         if run_id is not None:
             try:
@@ -118,4 +135,7 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, tags=chunk)
 
     def close(self, finished: bool) -> None:
-        self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
+        try:
+            self.client.set_terminated(self.run_id, status="FINISHED" if finished else "KILLED")
+        finally:
+            self._credentials.close()

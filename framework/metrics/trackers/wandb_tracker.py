@@ -3,13 +3,28 @@ under <run dir>/wandb. Online by default (after `wandb login`); WANDB_MODE=offli
 for a later `wandb sync`, where each attempt of a resumed job is a part of the same run id."""
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import uuid
 
 from framework.metrics.trackers.base import Tracker, TrackerError, flat_params
+from framework.redact import redacted
 
 LOCAL_MODES = ("offline", "disabled", "dryrun")
+
+
+@contextlib.contextmanager
+def _command_line_redacted():
+    """wandb.init records the process's command line (sys.argv) in the run's metadata, which may name a URL
+    with its password: while it starts, it sees the command line redacted."""
+    argv = list(sys.argv)
+    sys.argv[:] = redacted(argv)
+    try:
+        yield
+    finally:
+        sys.argv[:] = argv
 
 
 class WandbTracker(Tracker):
@@ -32,8 +47,9 @@ class WandbTracker(Tracker):
     def start(self, cfg, run_dir: str, run_id: str | None) -> str:
         import wandb
         run_id = run_id or uuid.uuid4().hex[:12]
-        self.run = wandb.init(project=cfg.logging.experiment, name=cfg.logging.run_name, id=run_id, resume="allow",
-                              dir=run_dir, config=flat_params(cfg), allow_val_change=True)
+        with _command_line_redacted():
+            self.run = wandb.init(project=cfg.logging.experiment, name=cfg.logging.run_name, id=run_id,
+                                  resume="allow", dir=run_dir, config=flat_params(cfg), allow_val_change=True)
         return run_id
 
     def log(self, step: int, metrics: dict[str, float], texts: dict[str, str]) -> None:

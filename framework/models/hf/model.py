@@ -40,9 +40,14 @@ def head_not_deferrable(hf_cfg) -> str | None:
     return None
 
 
+#: transformers never runs code a model dir brings (its auto_map's modules): a dir may come from a checkpoint's
+#: config, and transformers would otherwise ask on stdin, or run it where told to
+NO_REMOTE_CODE = {"trust_remote_code": False}
+
+
 def hf_config_of(pretrained: Optional[str], config: Optional[str]):
     """The transformers config of `pretrained` (a dir) or `config` (a dir or a config.json)."""
-    return require_transformers().AutoConfig.from_pretrained(pretrained or config)
+    return require_transformers().AutoConfig.from_pretrained(pretrained or config, **NO_REMOTE_CODE)
 
 
 @contextlib.contextmanager
@@ -75,10 +80,11 @@ class HFCausalLM(nn.Module):
         # Under a meta device (the planner's shapes-only build) transformers refuses from_pretrained;
         # the config alone gives the same modules and shapes.
         if pretrained and load_weights and torch.get_default_device().type != "meta":
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(pretrained, dtype=torch.float32,
+                                                                           **NO_REMOTE_CODE)
         else:
             self.model = transformers.AutoModelForCausalLM.from_config(hf_config_of(pretrained, config),
-                                                                       dtype=torch.float32)
+                                                                       dtype=torch.float32, **NO_REMOTE_CODE)
 
     def forward(self, tokens: torch.Tensor, documents: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits; a mixture-of-experts class whose config asks for output_router_logits (Mixtral, Qwen3-MoE)

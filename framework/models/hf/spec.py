@@ -21,8 +21,8 @@ import torch
 from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.models import hf_files
-from framework.models.hf.model import (HFCausalLM, head_not_deferrable, hf_config_of, parameters_on_meta,
-                                       require_transformers)
+from framework.models.hf.model import (NO_REMOTE_CODE, HFCausalLM, head_not_deferrable, hf_config_of,
+                                       parameters_on_meta, require_transformers)
 from framework.models.spec import ModelSpec, model_dict
 
 PREFIX = "model."
@@ -130,7 +130,7 @@ class HFSpec(ModelSpec):
 
     def num_params(self, model_cfg) -> int:
         with torch.device("meta"):
-            model = require_transformers().AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg))
+            model = require_transformers().AutoModelForCausalLM.from_config(self.hf_cfg(model_cfg), **NO_REMOTE_CODE)
         return sum(p.numel() for p in model.parameters())
 
     def context_length(self, model_cfg):
