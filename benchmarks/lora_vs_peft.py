@@ -175,7 +175,7 @@ def main() -> None:
     if opts.smoke:
         opts.rounds, opts.steps, opts.warmup, opts.every = 1, 4, 2, 2
         opts.overrides = [*opts.overrides, "trainer.global_batch_size=2"]
-    if opts.warmup % opts.every or opts.steps <= opts.warmup:
+    if opts.warmup < opts.every or opts.warmup % opts.every or opts.steps <= opts.warmup:
         ap.error("--warmup must be a multiple of --every, and --steps more than --warmup")
     import torch
     if opts.threads:
@@ -200,9 +200,9 @@ def main() -> None:
         print(f"round {r + 1}: " + ", ".join(f"{s} {1e3 * cpu[s][-1]:.1f}" for s in SIDES) + " ms of CPU a step",
               file=sys.stderr, flush=True)
     d, lc = lora_cfg.data, lora_cfg.lora
-    print(f"CPU ({torch.get_num_threads()} threads), torch {torch.__version__}; {' '.join([RECIPE, *opts.overrides])}: "
-          f"batch {lora_cfg.trainer.global_batch_size} x {d.seq_len} tokens, LoRA rank {lc.rank} alpha {lc.alpha} "
-          f"on every block linear; steps {opts.warmup + 1}-{opts.steps} of {opts.steps}, {opts.rounds} rounds; "
+    print(f"CPU, {torch.get_num_threads()} torch threads, torch {torch.__version__}; "
+          f"{' '.join([RECIPE, *opts.overrides])}: batch {lora_cfg.trainer.global_batch_size} x {d.seq_len} tokens, "
+          f"LoRA rank {lc.rank} alpha {lc.alpha} on {', '.join(lc.targets) or 'every block linear'}; steps {opts.warmup + 1}-{opts.steps} of {opts.steps}, {opts.rounds} rounds; "
           f"LoRA losses equal to {worst:.1e} (relative)")
     print(f"{'side':<16}{'CPU ms/step':>12}{'spread':>14}{'wall ms/step':>14}{'spread':>14}")
     for side in SIDES:
