@@ -1,6 +1,7 @@
 """The framework's LoRA training step next to PEFT's on the same model, batch and width (issue 57).
 
-    python benchmarks/lora_vs_peft.py [--rounds 5] [--steps 25] [--warmup 5] [--every 5] [--smoke] [-- overrides]
+    python benchmarks/lora_vs_peft.py [--rounds 5] [--steps 25] [--warmup 5] [--every 5] [--threads N] [--smoke]
+                                      [-- overrides]
 
 Four sides, each a training job in this process, interleaved round by round (the order rotates):
   framework LoRA  `python -m framework +recipe=lora_tiny <overrides>` as it runs: the config admitted, then
@@ -20,7 +21,8 @@ A side's step cost is its CPU time (time.process_time: every thread of the proce
 step over the steps after --warmup, between two marks --every steps apart (the framework sides mark at their
 metrics records, trainer.log_every=--every, so the trainer's own work between steps counts). Per side the
 median over rounds and its spread (min-max); per pair the median of the per-round ratios and their spread.
-The mark is framework LoRA / PEFT <= 1.05 in CPU time.
+The mark is framework LoRA / PEFT <= 1.05 in CPU time. On a CPU shared with other jobs use --threads 1: a
+descheduled OpenMP thread leaves the others spinning, and a step's CPU time then grows several-fold.
 
 --smoke: one round of 4 steps on 2 sequences (the test that keeps the script working); its numbers mean nothing.
 """
