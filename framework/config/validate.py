@@ -18,7 +18,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.cluster.engines import workers_here
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
-from framework.errors import ConfigError
+from framework.errors import ConfigError, MissingExtra, installed
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
@@ -165,6 +165,8 @@ def validate_lora(cfg) -> None:
     _positive(cfg, "lora.rank", "lora.alpha")
     if not 0 <= c.dropout < 1:
         raise ConfigError("lora.dropout", f"must be in [0, 1), got {c.dropout}")
+    if c.base_dtype in ("nf4", "float8") and not installed("torchao"):
+        raise MissingExtra("lora.base_dtype", f"lora.base_dtype={c.base_dtype} weights are made by", "torchao", "qlora")
     if cfg.precision.name == "float8":
         raise ConfigError("lora.enabled", "precision=float8 converts the linears the adapters sit on; train "
                                           "adapters with precision=bf16 (lora.base_dtype=float8 stores the frozen "

@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from framework.data import megatron, token_dataset
-from framework.errors import ConfigError
+from framework.errors import ConfigError, MissingExtra, installed
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
@@ -48,6 +48,9 @@ class Source:
     mixture = False
     #: `prepare` reads an input through this source when no other source reads it (text)
     fallback_reader = False
+    #: (what it reads "are read by", the optional package that reads it, the extra that installs it); None: it
+    #: reads with the base install
+    reads_with: Optional[tuple[str, str, str]] = None
 
     def reads(self, path: str) -> bool:
         """Whether `prepare` reads the input `path` (a file, or a directory read as a whole) as records of
@@ -63,9 +66,16 @@ class Source:
 
     def check(self, data_cfg) -> None:
         """Cheap checks of the files the data names, before anything is opened; raise ConfigError."""
+        self.check_installed("data.source")
         if self.path_names and not data_cfg.path:
             raise ConfigError("data.path", f"is required for data.source={self.name}; set data.path=/path/to/"
                                            f"{self.path_names}")
+
+    def check_installed(self, key: str, where: str = "") -> None:
+        """The package it reads with is installed, or MissingExtra naming `key` (and `where`: the input)."""
+        if self.reads_with is not None and not installed(self.reads_with[1]):
+            what, package, extra = self.reads_with
+            raise MissingExtra(key, f"{where}: {what}" if where else what, package, extra)
 
     def resolve(self, data_cfg) -> None:
         """In the launching process, before validation: fill what the data says of itself into data.*
