@@ -60,3 +60,8 @@ def test_fine_tuning_commands_run_as_written(tmp_path):
     assert (tmp_path / "lora_merged" / "model.safetensors").is_file()
     assert not (tmp_path / "lora_merged" / "adapter").exists()
     assert "chat_template" in json.loads((tmp_path / "lora_out" / "tokenizer_config.json").read_text())
+    # one conversation a row: the package's chats are all shorter than a row of 257 tokens, and it says so
+    first = json.loads((tmp_path / "outputs" / "rows" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["data/examples"] == 400 and first["data/examples_truncated"] == 0
+    rows = next(out for c, out in outputs.items() if "data.packing=false" in c)
+    assert "  data        400 examples, none longer than a row of 257 tokens (data.seq_len + 1)" in rows.splitlines()
