@@ -167,8 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     except GenerateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from framework.data.chat import RENDERER
     from framework.data.tokenizer import chat_config_in
+    from framework.errors import installed
     chat = {} if args.raw else chat_config_in(args.path)
+    if chat and not installed(RENDERER[0]):
+        print(f"error: {args.path}: its chat template is rendered by {RENDERER[0]}, which is not installed: pip install "
+              f"'framework[{RENDERER[1]}]' (or --raw: continue the prompt as plain text)", file=sys.stderr)
+        return 2
     if chat:
         print(answer(model, tok, chat, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                      args.system))

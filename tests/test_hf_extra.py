@@ -64,3 +64,22 @@ def test_prepare_with_a_chat_template_in_readmes_environment_names_the_extra_and
         "pip install 'framework[hf]'"], proc.stderr[-3000:]
     assert time.monotonic() - started < 60
     assert not os.listdir(tmp_path)
+
+
+def test_generate_on_a_chat_checkpoint_in_readmes_environment_names_the_extra(tmp_path):
+    """The checkpoint's chat template renders the prompt through transformers: one line naming the extra (and
+    --raw, which needs none), exit 2."""
+    run = tmp_path / "sft"
+    proc = run_framework(["+recipe=sft_tiny", "trainer.max_steps=1", "trainer.eval_every=0", "trainer.progress_bar=false",
+                          "checkpoint.enabled=true", f"data.cache_dir={tmp_path / 'cache'}"], run, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step = run / "checkpoints" / "step_00000001"
+    env = readme_env.environment()
+    proc = run_framework([str(step), "--prompt", "What is 2 plus 3?"], module="framework.generate", env=env,
+                         cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"error: {step}: its chat template is rendered by transformers, which is not installed: pip install "
+        f"'framework[hf]' (or --raw: continue the prompt as plain text)"], proc.stderr[-3000:]
+    raw = run_framework([str(step), "--prompt", "What is", "--raw", "--max-new-tokens", "4"],
+                        module="framework.generate", env=env, cwd=tmp_path, timeout=120)
+    assert raw.returncode == 0 and raw.stdout.startswith("What is"), raw.stderr[-3000:]
