@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     from framework.errors import installed
     chat = {} if args.raw else chat_config_in(args.path)
     if chat and not installed(RENDERER[0]):
-        print(f"error: {args.path}: its chat template is rendered by {RENDERER[0]}, which is not installed: pip install "
-              f"'framework[{RENDERER[1]}]' (or --raw: continue the prompt as plain text)", file=sys.stderr)
+        print(f"error: {args.path}: its chat template is rendered by {RENDERER[0]}, which is not installed: "
+              f"pip install 'framework[{RENDERER[1]}]' (or --raw: continue the prompt as plain text)", file=sys.stderr)
         return 2
     if chat:
         print(answer(model, tok, chat, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,

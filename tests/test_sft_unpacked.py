@@ -184,7 +184,8 @@ def _trl_losses(run_dir, hf_llama, tmp_path) -> list[dict]:
     sampler, _ = build_samplers(cfg.data, cfg.trainer.global_batch_size, cfg.seed, with_val=False)
     tokens, mask = np.asarray(open_tokens(cfg.data.prepared)), np.asarray(open_mask(cfg.data.prepared))
     starts = np.asarray(open_starts(cfg.data.prepared))
-    order = [int(np.searchsorted(starts, sampler.layout.start[i])) for k in range(STEPS) for i in sampler.sequence_ids(k)]
+    order = [int(np.searchsorted(starts, sampler.layout.start[i]))
+             for k in range(STEPS) for i in sampler.sequence_ids(k)]
     examples = [(tokens[starts[i]:starts[i + 1]], mask[starts[i]:starts[i + 1]]) for i in order]
     dataset = datasets.Dataset.from_dict({
         "input_ids": [ids.astype(np.int64).tolist() for ids, _ in examples],

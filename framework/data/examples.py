@@ -53,7 +53,8 @@ class OneExampleARow:
                        for s, n in zip(self.start[ids].tolist(), self.length[ids].tolist())], self.document_mask)
 
     def trained(self, ids) -> Optional[int]:
-        return sum(trained_targets(self.mask, s, n) for s, n in zip(self.start[ids].tolist(), self.length[ids].tolist()))
+        return sum(trained_targets(self.mask, s, n)
+                   for s, n in zip(self.start[ids].tolist(), self.length[ids].tolist()))
 
     def tokens_of(self, ids) -> int:
         """The tokens the rows `ids` hold, padding left out (what TRL counts as a batch's tokens)."""

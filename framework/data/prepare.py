@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         m = prepare(args.input, args.tokenizer, args.out, args.text_key, args.shard_tokens, args.workers,
                     ChatOptions(args.chat_template, args.train_on), split=args.split)
     except MissingRenderer as e:
-        given = f"--chat-template {args.chat_template}" if e.option == "chat_template" else f"--tokenizer {args.tokenizer}"
+        given = (f"--chat-template {args.chat_template}" if e.option == "chat_template"
+                 else f"--tokenizer {args.tokenizer}")
         print(f"error: {given}: {e}", file=sys.stderr)
         return 2
     except (DocumentError, tokenizers_.TokenizerError, DatasetError) as e:
