@@ -105,9 +105,9 @@ def test_a_micro_batch_is_as_wide_as_its_longest_row(prepared):
     lengths = layout.length[ids]
     batches = micro_batches(layout.rows(ids), 2)
     assert [b[0].shape[1] for b in batches] == [max(lengths[:2]) - 1, max(lengths[2:]) - 1]
-    for (inputs, targets, documents), part in zip(batches, (lengths[:2], lengths[2:])):
-        for r, n in enumerate(part):      # padding: never a target, a document of its own
-            assert (targets[r, n - 1:] == IGNORE_INDEX).all() and (documents[r, n:] == 1).all()
+    for (inputs, targets), part in zip(batches, (lengths[:2], lengths[2:])):    # no document numbers: causal
+        for r, n in enumerate(part):      # attention keeps the padding after a row's end out of its view
+            assert (targets[r, n - 1:] == IGNORE_INDEX).all() and (inputs[r, n:] == 0).all()
 
 
 def test_the_loss_over_micro_batches_of_unequal_widths_is_the_mean_over_the_global_batch(prepared):
@@ -129,7 +129,7 @@ def test_the_loss_over_micro_batches_of_unequal_widths_is_the_mean_over_the_glob
         trained = layout.trained(ids)
         for size in (1, 2, 3):
             with global_batch(trained, len(ids), None):
-                shares = [cross_entropy(model(input_ids=x).logits, y) for x, y, _ in micro_batches(rows, size)]
+                shares = [cross_entropy(model(input_ids=x).logits, y) for x, y in micro_batches(rows, size)]
             assert abs(float(torch.stack(shares).mean()) - float(whole)) <= 1e-5 * float(whole)
 
 

@@ -191,7 +191,7 @@ def layout_of(stream, data_cfg):
     the data knows its documents."""
     document_mask = bool(data_cfg.get("document_mask"))     # a config written before the key existed: off
     if stream.mask is not None and not data_cfg.get("packing", True):
-        return OneExampleARow(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, document_mask)
+        return OneExampleARow(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len)
     if stream.mask is not None:
         return Packed(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.overlong, document_mask)
     starts = stream.starts if document_mask else None

@@ -35,10 +35,10 @@ def _kept(mask, starts: np.ndarray, width: int) -> np.ndarray:
 
 
 class OneExampleARow:
-    """Every example that keeps a trained target, cut to seq_len + 1 tokens, one a row."""
+    """Every example that keeps a trained target, cut to seq_len + 1 tokens, one a row (rows.padded)."""
 
-    def __init__(self, tokens, mask, starts: np.ndarray, seq_len: int, document_mask: bool = True):
-        self.tokens, self.mask, self.document_mask = tokens, mask, document_mask
+    def __init__(self, tokens, mask, starts: np.ndarray, seq_len: int):
+        self.tokens, self.mask = tokens, mask
         starts = np.asarray(starts, dtype=np.int64)
         kept = _kept(mask, starts, seq_len + 1)
         self.start = starts[:-1][kept]
@@ -50,7 +50,7 @@ class OneExampleARow:
     def rows(self, ids) -> Rows:
         """The examples `ids`, padded to the longest of them, with each row's length."""
         return padded([(np.asarray(self.tokens[s:s + n]), np.asarray(self.mask[s:s + n]))
-                       for s, n in zip(self.start[ids].tolist(), self.length[ids].tolist())], self.document_mask)
+                       for s, n in zip(self.start[ids].tolist(), self.length[ids].tolist())])
 
     def trained(self, ids) -> Optional[int]:
         return sum(trained_targets(self.mask, s, n)

@@ -23,9 +23,11 @@ class Rows(NamedTuple):
         return len(self.tokens)
 
 
-def padded(examples: list[tuple[np.ndarray, np.ndarray]], document_mask: bool) -> Rows:
-    """Examples (token ids, 1 where a token is a trained target) as rows padded to the longest: the padding is
-    never trained, and with `document_mask` it is a document of its own (numbered 1: the example is 0)."""
+def padded(examples: list[tuple[np.ndarray, np.ndarray]]) -> Rows:
+    """Examples (token ids, 1 where a token is a trained target), one a row, padded after its end to the longest:
+    the padding is never trained, and causal attention keeps it out of every real token's view, so the rows need
+    no document numbers (data.document_mask holds without them; a document mask would only make every new width
+    a new shape for the kernels that build it, flex_attention's compiled one on CUDA)."""
     lengths = np.fromiter((len(ids) for ids, _ in examples), dtype=np.int64, count=len(examples))
     width = int(lengths.max()) if len(lengths) else 0
     tokens = np.full((len(examples), width), PAD_ID, dtype=np.int64)
@@ -33,9 +35,7 @@ def padded(examples: list[tuple[np.ndarray, np.ndarray]], document_mask: bool) -
     for r, (ids, mask) in enumerate(examples):
         tokens[r, :len(ids)] = ids
         trained[r, 1:len(ids)] = mask[1:] != 0      # the first token: nothing before it predicts it
-    documents = (np.arange(width)[None, :] >= lengths[:, None]).astype(np.int32) if document_mask else None
-    return Rows(torch.from_numpy(tokens), torch.from_numpy(trained),
-                None if documents is None else torch.from_numpy(documents), torch.from_numpy(lengths))
+    return Rows(torch.from_numpy(tokens), torch.from_numpy(trained), None, torch.from_numpy(lengths))
 
 
 def cat_rows(rows: list) -> "Rows | torch.Tensor":
