@@ -7,8 +7,8 @@
   same batches in the same order (gradient accumulation of two micro-batches of unequal widths), to 1e-5;
 - the counts: what data.seq_len cut (examples truncated, dropped, tokens cut) is the data's own, counted here from
   the conversations' token lengths, and a run reports it in its first metrics record and its summary;
-- layouts: ddp x2 trains the single-process run's losses, and a resume from its step-2 checkpoint under ddp
-  replays steps 3-4 exactly;
+- layouts: ddp x2 (compiled) trains the single-process run's losses, and a resume from its step-2 checkpoint
+  under ddp replays steps 3-4 exactly;
 - where it means nothing (a token stream) or cannot work (a pipeline: stages of one width), it is refused in one
   line.
 """
@@ -168,8 +168,9 @@ def runs(chats, hf_llama, tmp_path_factory):
     single = root / "single"
     proc = run_framework([*args, "parallel=single", "checkpoint.enabled=true", "checkpoint.interval=2"], single)
     check_ok(proc)
-    ddp = root / "ddp"
-    check_ok(run_framework([*args, "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=false"], ddp))
+    ddp = root / "ddp"      # compiled too: blocks that meet a new width every micro-batch (aot_eager: traced only)
+    check_ok(run_framework([*args, "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=false",
+                            "trainer.compile=true", "trainer.compile_backend=aot_eager"], ddp))
     resumed = root / "resumed"
     check_ok(run_framework([*args, "parallel=ddp", "launcher.nproc_per_node=2", "checkpoint.enabled=false",
                             f"checkpoint.resume={single / 'checkpoints' / 'step_00000002'}"], resumed))
@@ -215,7 +216,9 @@ def test_per_step_losses_and_gradient_norms_are_trls(runs, hf_llama, tmp_path):
 
 
 def test_ddp_trains_the_single_process_losses_and_resumes_exactly(runs):
+    """ddp x2 compiled, and a ddp run resuming the single-process run's step 2: its losses."""
     single, ddp, resumed, _ = runs
+    assert OmegaConf.load(single / "config.yaml").data.document_mask is False    # one a row: nothing to mask
     reference = [r["loss"] for r in read_metrics(single)]
     assert max(abs(a - b) for a, b in zip(reference, [r["loss"] for r in read_metrics(ddp)])) <= 1e-5
     replayed = [r for r in read_metrics(resumed)]

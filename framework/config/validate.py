@@ -90,6 +90,10 @@ def validate_data_files(cfg, explicit: set[str] = frozenset()) -> None:
         raise ConfigError("data.packing", f"data.source={data.source} deals rows of data.seq_len out of several "
                                           f"sources; one example a row (data.packing=false) is not built for a "
                                           f"mixture: set data.packing=true, or train one dataset (data=tokens)")
+    if not data.packing:
+        # one example a row has no other document to keep it from, and causal attention keeps its padding out of
+        # view: no document numbers are built (data/rows.py padded), and the resolved config says so
+        data.document_mask = False
     if not data.packing and is_explicit("data.overlong", explicit):
         raise ConfigError("data.overlong", "splits or cuts examples in packed rows; with data.packing=false an "
                                            "example longer than a row is truncated to data.seq_len + 1 tokens "
