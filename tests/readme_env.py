@@ -13,11 +13,13 @@ fresh virtual environment's pip and setuptools stay, as the test checkout's own 
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.metadata as metadata
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -110,10 +112,17 @@ def not_installed(extras: frozenset = frozenset()) -> tuple[frozenset, frozenset
 
 
 @functools.cache
+def _folder() -> Path:
+    """This process's folder for the lists (removed when it exits: its jobs have ended by then)."""
+    folder = Path(tempfile.mkdtemp(prefix="readme-env-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
+
+
+@functools.cache
 def _list_file(extras: frozenset) -> str:
     modules, dists = not_installed(extras)
-    folder = Path(tempfile.gettempdir()) / f"readme-env-{os.getpid()}"
-    folder.mkdir(exist_ok=True)
+    folder = _folder()
     path = folder / f"not-installed-{'-'.join(sorted(extras)) or 'base'}.txt"
     path.write_text("".join(f"module {m}\n" for m in sorted(modules)) + "".join(f"dist {d}\n" for d in sorted(dists)))
     return str(path)
