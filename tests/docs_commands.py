@@ -68,9 +68,9 @@ NEEDS = [
 #: a bash-block line that installs extras: `pip install -e ".[hf,s3]"` or `pip install 'framework[s3]'`
 SETUP = re.compile(r"^pip install\b.*?(?:framework|\.)\[([\w,-]+)\]")
 
-#: test files that still run their pages' commands in the test environment (every extra installed): the pages
-#: say which extra they need (s3, ray, mlflow and wandb), but these tests' files change in the same round for
-#: other reasons (the object store's and trackers' timeouts, Ray's address checks), and move over after that
+#: test files that still run their pages' commands in the test environment (every extra installed), each with the
+#: page and the extra it names: their jobs' environments (the session's S3, MLflow and Ray servers) are built by
+#: the tests themselves, and are yet to be joined with README's
 README_ENV_NOT_YET = {
     "tests/test_docs_object_storage.py": "docs/how-to/object-storage.md (the s3 extra)",
     "tests/test_docs_ray.py": "docs/how-to/ray.md (the ray extra)",
