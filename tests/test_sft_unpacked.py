@@ -188,6 +188,7 @@ def _trl_losses(run_dir, hf_llama, tmp_path) -> list[dict]:
     order = [int(np.searchsorted(starts, sampler.layout.start[i]))
              for k in range(STEPS) for i in sampler.sequence_ids(k)]
     examples = [(tokens[starts[i]:starts[i + 1]], mask[starts[i]:starts[i + 1]]) for i in order]
+    assert any(len(ids) > SEQ_LEN + 1 for ids, _ in examples), "the steps take a conversation TRL must truncate"
     dataset = datasets.Dataset.from_dict({
         "input_ids": [ids.astype(np.int64).tolist() for ids, _ in examples],
         "labels": [np.where(m != 0, ids.astype(np.int64), IGNORE_INDEX).tolist() for ids, m in examples]})
