@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes, launch, sweep_gpus
 from framework.config.paths import CONFIG_DIR
+from framework.config.plugins import refuse_missing_plugins
 from framework.config.removed import refuse_removed_keys
 from framework.config_store import register_configs
 from framework.errors import ConfigError
@@ -76,6 +77,7 @@ def main() -> None:
         return
     try:
         refuse_removed_keys(sys.argv[1:])
+        refuse_missing_plugins(sys.argv[1:])
     except ConfigError as e:
         print(f"error: {redacted(str(e))}", file=sys.stderr)
         sys.exit(exit_codes.USAGE)

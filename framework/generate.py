@@ -193,11 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from framework import storage
+    from framework.data.chat import RENDERER
     from framework.data.tokenizer import CONFIG_FILE, TokenizerError, chat_config_in
+    from framework.errors import installed
     from framework.redact import redacted
     try:
         model, tok = load(args.path, args.trust_code)
         chat = {} if args.raw else chat_config_in(args.path)
+        if chat and not installed(RENDERER[0]):
+            raise GenerateError(f"{args.path}: its chat template is rendered by {RENDERER[0]}, which is not installed: "
+                                f"pip install 'framework[{RENDERER[1]}]' (or --raw: continue the prompt as plain text)")
         if chat:
             print(answer(model, tok, chat, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
                          args.system, storage.join(args.path, CONFIG_FILE)))

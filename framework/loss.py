@@ -3,12 +3,18 @@ that are not ignore_index (-100). The trainer trains with it and the planner mea
 
 Masked targets (instruction data trains only some tokens) make a micro-batch's own mean depend on how the
 global batch was split: a micro-batch of few trained tokens would weigh as much as one of many. So within
-`global_batch(trained, positions)` -- the trained targets of the whole global batch, and all its target
-positions, both known from the data alone -- a micro-batch's loss is its sum over trained tokens scaled so
+`global_batch(trained, sequences, width)` -- the trained targets of the whole global batch, its sequences and
+their width, all known from the data alone -- a micro-batch's loss is its sum over trained tokens scaled so
 that the equal-weight mean every strategy takes (over micro-batches, pipeline micro-batches, data- and
-context-parallel ranks: all calls of one global batch cover equally many positions) is the sum over the
-global batch's trained tokens divided by their count: the same number, and gradient, for every layout.
-Without masked targets the scale is one and this is the plain mean.
+context-parallel ranks: all calls of one global batch cover equally many sequences, or equal shares of them)
+is the sum over the global batch's trained tokens divided by their count: the same number, and gradient, for
+every layout. Without masked targets the scale is one and this is the plain mean. Where rows hold one example
+each (width None) a micro-batch is as wide as its longest row, so a call's share is counted in rows, not
+positions (context parallelism, which splits positions, is refused there).
+
+This is the normalisation of transformers' Trainer, which TRL's SFTTrainer keeps: each micro-batch's loss is
+its sum over trained targets divided by `num_items_in_batch`, the trained targets of every micro-batch of the
+optimizer step on every rank, and the gradients of the step's micro-batches and ranks add up.
 
 `micro_batch_weight` is the factor a strategy scales one micro-batch's loss by before backward (1/n for
 n accumulated micro-batches): a model that adds a loss of its own to the graph (MoE balancing) weights
@@ -38,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100     # F.cross_entropy's default: targets equal to it add nothing and are not counted
 
 _weight = [1.0]
-_global: list = [None]      # (trained targets, target positions) of the global batch being run
+_global: list = [None]      # (trained targets, sequences, width) of the global batch being run
 
 
 @contextlib.contextmanager
@@ -56,10 +62,12 @@ def micro_batch_weight() -> float:
 
 
 @contextlib.contextmanager
-def global_batch(trained: int | None, positions: int):
-    """Within: losses are shares of this global batch's mean over its `trained` targets (None: all
-    `positions` are trained, the plain mean)."""
-    previous, _global[0] = _global[0], None if trained is None or trained == positions else (trained, positions)
+def global_batch(trained: int | None, sequences: int, width: int | None):
+    """Within: losses are shares of this global batch's mean over its `trained` targets (None: every position of
+    its `sequences` rows of `width` is trained, the plain mean). `width` None: rows of one example each, as wide
+    as their micro-batch's longest."""
+    plain = trained is None or (width is not None and trained == sequences * width)
+    previous, _global[0] = _global[0], None if plain else (trained, sequences, width)
     try:
         yield
     finally:
@@ -71,8 +79,9 @@ def _mean(loss_sum: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     or, outside a global batch, its own mean over trained targets."""
     if _global[0] is None:
         return loss_sum / (targets != IGNORE_INDEX).sum().clamp(min=1)
-    trained, positions = _global[0]
-    return loss_sum * (positions / targets.numel() / max(trained, 1))
+    trained, sequences, width = _global[0]
+    rows = targets.numel() / width if width is not None else targets.shape[0]   # a context-parallel shard: a share
+    return loss_sum * (sequences / rows / max(trained, 1))
 
 
 _deferred = threading.local()
@@ -108,9 +117,9 @@ def _chunk_loss_sum(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.
 
 def chunked_cross_entropy(hidden: torch.Tensor, head, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     """mean cross_entropy(head(hidden), targets) with at most `chunk_tokens` tokens' logits alive at once."""
-    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    flat_hidden, flat_targets = hidden.flatten(0, -2), targets.flatten()
     total = hidden.new_zeros((), dtype=torch.float32)
-    for h, t in zip(hidden.split(chunk_tokens), targets.split(chunk_tokens)):
+    for h, t in zip(flat_hidden.split(chunk_tokens), flat_targets.split(chunk_tokens)):
         if torch.is_grad_enabled():
             total = total + checkpoint(_chunk_loss_sum, head, h, t, use_reentrant=False)
         else:

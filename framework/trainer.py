@@ -55,7 +55,7 @@ class Trainer:
 
     def _global_batch(self, sampler, step: int):
         """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
-        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step) * self.cfg.data.seq_len)
+        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step), sampler.width)
 
     def evaluate(self) -> float:
         losses = []
@@ -83,7 +83,7 @@ class Trainer:
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
         records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step,
-                              self.batches.sizes, self.on_record)
+                              self.train_data, self.on_record)
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)

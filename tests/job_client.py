@@ -19,8 +19,12 @@ OFF = "FRAMEWORK_TEST_NO_JOB_SERVER"
 #: environment variables read when torch or Python start (the server started with the session's): a job
 #: that sets them differently gets an interpreter of its own
 READ_AT_START = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "PYTHON", "LD_", "MALLOC")
+#: a job whose environment holds this (JSON: variables its server starts with instead of the job's own) is
+#: served by a server of its own environment, started once: tests/readme_env.py's jobs (README's install,
+#: emulated by a sitecustomize on PYTHONPATH) share one that starts with every extra hidden
+SERVER_START = "FRAMEWORK_TEST_SERVER_START"
 
-_server: dict = {}
+_servers: dict[tuple, dict] = {}     # the variables read at start (and SERVER_START) -> a running server
 
 
 @functools.cache
@@ -34,23 +38,36 @@ def written_by_libraries() -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir(), "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
+def _read_at_start(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_START) and k != "PYTHONUNBUFFERED"}
+
+
+def _key(env: dict) -> tuple:
+    return (env.get(SERVER_START), *sorted(_read_at_start(env).items()))
+
+
 def serves(env: dict) -> bool:
     if os.environ.get(OFF) == "1":
         return False
-    start = _server.get("env") or os.environ
+    if env.get(SERVER_START):
+        return True
+    start = _servers.get(None, {}).get("env") or os.environ
     written = written_by_libraries()
     return all(env.get(k) == start.get(k) or (k not in start and env.get(k) == written.get(k))
-               for k in {*env, *start} if k.startswith(READ_AT_START) and k != "PYTHONUNBUFFERED")
+               for k in {*_read_at_start(env), *_read_at_start(start)})
 
 
-def address() -> str:
-    """The running server's socket, the server started first if need be."""
-    if "address" in _server and _server["process"].poll() is None:
-        return _server["address"]
+def address(env: dict | None = None) -> str:
+    """The socket of the server for `env` (None: the session's own), the server started first if need be."""
+    own = env is not None and bool(env.get(SERVER_START))
+    key = _key(env) if own else None
+    server = _servers.get(key, {})
+    if "address" in server and server["process"].poll() is None:
+        return server["address"]
     folder = tempfile.mkdtemp(prefix="jobs-")
     address = os.path.join(folder, "server.sock")
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(env if own else os.environ), **(json.loads(env[SERVER_START]) if own else {}), "PYTHONUNBUFFERED": "1"}
     log = open(os.path.join(folder, "server.log"), "w")
     process = subprocess.Popen([sys.executable, "-m", "tests.job_server", address], cwd=repo, env=env,
                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -60,7 +77,7 @@ def address() -> str:
             raise RuntimeError(f"the job server did not start: {open(log.name).read()[-3000:]}")
         time.sleep(0.05)
     atexit.register(lambda: process.poll() is None and os.killpg(process.pid, signal.SIGKILL))
-    _server.update(address=address, process=process, env=env)
+    _servers[key] = {"address": address, "process": process, "env": env}
     return address
 
 
@@ -70,7 +87,7 @@ def run(module: str, args: list[str], cwd: Path, env: dict, timeout: float) -> s
     cmd = [sys.executable, "-m", module, *args]
     with tempfile.TemporaryDirectory(prefix="job-") as folder, socket.socket(socket.AF_UNIX) as conn:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        conn.connect(address())
+        conn.connect(address(env))
         conn.sendall(json.dumps({"module": module, "argv": [str(a) for a in args], "cwd": str(cwd), "env": env,
                                  "stdout": out, "stderr": err}).encode() + b"\n")
         answers = _Lines(conn)

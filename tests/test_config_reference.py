@@ -15,7 +15,7 @@ import yaml
 from framework import reference
 from framework.config import schema
 from framework.config.help import REFERENCE, help_text, sections, user_groups
-from tests.docs_commands import run_by
+from tests.docs_commands import environment, run_by
 from tests.helpers import REPO, check_ok, run_in_own_session
 
 PAGE = REPO / REFERENCE
@@ -85,19 +85,19 @@ def test_the_page_covers_every_leaf_key_of_every_group_option_and_recipe():
 
 def test_the_docs_cfg_job_command_composes_what_the_reference_reads(tmp_path):
     """The in-process composition the reference and the test above use is the one `--cfg job` prints."""
-    (command,) = [c.text for c in run_by(__file__) if "--cfg job" in c.text]
-    proc = run_in_own_session([sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    (command,) = [c for c in run_by(__file__) if "--cfg job" in c.text]
+    proc = run_in_own_session([sys.executable, *shlex.split(command.text)[1:]], cwd=tmp_path, timeout=120,
+                              env={**os.environ, **environment(command, {"PYTHONPATH": str(REPO)})})
     check_ok(proc)
     printed = reference.leaves(yaml.safe_load(proc.stdout))
-    composed = reference.leaves(reference.compose(tuple(shlex.split(command)[3:-2])))
+    composed = reference.leaves(reference.compose(tuple(shlex.split(command.text)[3:-2])))
     assert printed.keys() == composed.keys() and len(printed) > 100
 
 
 def test_help_points_to_the_reference_and_shows_the_same_rows(tmp_path):
-    (command,) = [c.text for c in run_by(__file__) if c.text.endswith("--help")]
-    proc = run_in_own_session([sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    (command,) = [c for c in run_by(__file__) if c.text.endswith("--help")]
+    proc = run_in_own_session([sys.executable, *shlex.split(command.text)[1:]], cwd=tmp_path, timeout=120,
+                              env={**os.environ, **environment(command, {"PYTHONPATH": str(REPO)})})
     check_ok(proc)
     assert proc.stdout.strip() == help_text().strip()
     assert REFERENCE in proc.stdout and "python -m framework.reference" in proc.stdout

@@ -40,7 +40,7 @@ def test_a_job_setting_what_torch_reads_at_start_gets_its_own_interpreter():
 def test_jobs_after_a_compile_or_a_deepspeed_import_in_this_process_are_still_served(monkeypatch):
     written = job_client.written_by_libraries()
     started = {k: v for k, v in os.environ.items() if k not in written}
-    monkeypatch.setitem(job_client._server, "env", started)
+    monkeypatch.setitem(job_client._servers, None, {"env": started})
     import importlib
     from torch._inductor.runtime.cache_dir_utils import cache_dir
     importlib.import_module("deepspeed")

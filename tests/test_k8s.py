@@ -11,7 +11,7 @@ from kubeflow_trainer_api.models.io_k8s_api_core_v1_config_map import IoK8sApiCo
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
 from framework.k8s.manifests import rfc1035
-from tests.docs_commands import run_by
+from tests.docs_commands import environment, run_by
 from tests.helpers import run_framework
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
@@ -136,15 +136,16 @@ def test_an_invalid_config_is_refused_before_any_manifest():
     assert proc.stderr.strip().splitlines()[-1].startswith("error: zero: parallel=fsdp does not do zero=none")
 
 
-def _docs_k8s_commands() -> list[list[str]]:
-    lines = [c.text.split("|")[0].split() for c in run_by(__file__)]
-    assert len(lines) == 2
-    return [line[3:] for line in lines]
+def _docs_k8s_commands() -> list[tuple[list[str], dict]]:
+    """(arguments, README's environment plus the page's extras) of each command the page shows."""
+    commands = run_by(__file__)
+    assert len(commands) == 2
+    return [(c.text.split("|")[0].split()[3:], environment(c)) for c in commands]
 
 
-@pytest.mark.parametrize("args", _docs_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
-def test_docs_k8s_commands_print_valid_manifests(args):
-    docs = documents(k8s(*args))
+@pytest.mark.parametrize("args,env", _docs_k8s_commands(), ids=["trainjob", "pytorchjob-sweep"])
+def test_docs_k8s_commands_print_valid_manifests(args, env):
+    docs = documents(k8s(*args, env=env))
     for doc in docs:
         if doc["kind"] == "PyTorchJob":
             jsonschema.validate(doc, SCHEMA)

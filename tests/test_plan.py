@@ -22,7 +22,7 @@ from framework.plan.layout import Casting, layout_of
 from framework.plan.model_states import model_states
 from framework.plan.shapes import rank_parameters
 from framework.strategies.registry import strategy_class
-from tests.docs_commands import run_by
+from tests.docs_commands import environment, run_by
 from tests.helpers import REPO, run_framework, run_in_own_session
 
 #: minutes of runs: pytest-xdist starts this module first (tests/conftest.py)
@@ -161,17 +161,17 @@ def test_a_job_that_cannot_fit_is_refused_before_launch_with_the_cheapest_fix(tm
     assert proc.returncode == 2 and "planner" not in proc.stderr and "global_batch_size" in proc.stderr
 
 
-def _docs_plan_commands() -> list[str]:
-    return [c.text for c in run_by(__file__) if c.text.startswith("python -m framework.plan ")]
+def _docs_plan_commands() -> list:
+    return [c for c in run_by(__file__) if c.text.startswith("python -m framework.plan ")]
 
 
 def test_docs_plan_commands_run_as_written(tmp_path):
     commands = _docs_plan_commands()
     assert len(commands) >= 5
     for command in commands:
-        args = command.split()[3:]
+        args = command.text.split()[3:]
         proc = run_in_own_session([sys.executable, "-m", "framework.plan", *args], cwd=tmp_path, timeout=300,
-                                  env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                                  env={**__import__("os").environ, **environment(command, {"PYTHONPATH": str(REPO)})})
         assert proc.returncode == 0, (command, proc.stderr[-2000:])
         if "--json" in args:
             assert json.loads(proc.stdout)["fits"] is True
@@ -247,10 +247,11 @@ def test_parallel_auto_runs_its_pick_and_writes_it_to_the_resolved_config(tmp_pa
     from omegaconf import OmegaConf
 
     from tests.helpers import check_ok, read_metrics
-    command = next(c.text for c in run_by(__file__) if c.text.startswith("python -m framework parallel=auto"))
-    proc = run_in_own_session([sys.executable, *command.split()[1:], "trainer.max_steps=2", "trainer.eval_batches=1",
-                               "trainer.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                              timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    command = next(c for c in run_by(__file__) if c.text.startswith("python -m framework parallel=auto"))
+    proc = run_in_own_session([sys.executable, *command.text.split()[1:], "trainer.max_steps=2",
+                               "trainer.eval_batches=1", "trainer.progress_bar=false",
+                               f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300,
+                              env={**os.environ, **environment(command, {"PYTHONPATH": str(REPO)})})
     check_ok(proc)
     assert "parallel=auto: " in proc.stderr and "picked #1: " in proc.stderr
     picked = next(line for line in proc.stderr.splitlines() if line.strip().startswith("1 ")).split()[1]

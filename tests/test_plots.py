@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from framework import compare
-from tests.docs_commands import block_of, run_by
+from tests.docs_commands import block_of, environment, run_by
 from tests.helpers import REPO, check_ok, run_in_own_session
 
 # the sweep's points, shortened: 3 logged steps each draw a curve (2 would be one point)
@@ -31,10 +31,12 @@ def drawn(path, width: int, height: int) -> dict[str, int]:
     return {name: by_rgb.get(rgb, 0) for name, rgb in TAB_COLORS.items()}
 
 
-def _run(command: str, cwd, extra=()) -> str:
-    args = shlex.split(command)
+def _run(command, cwd, extra=()) -> str:
+    """A docs Command in README's environment plus its page's extras."""
+    args = shlex.split(command.text)
     proc = run_in_own_session([sys.executable, *args[1:], *extra], cwd=cwd, timeout=600,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+                              env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                   **environment(command, {"PYTHONPATH": str(REPO)})})
     check_ok(proc)
     return proc.stdout
 
@@ -44,7 +46,8 @@ def test_compare_plots_the_docs_sweep_side_by_side(tmp_path):
     lines = block_of(compare_command)
     assert [c.text for c in run_by(__file__) if "lr_sweep" in c.text] == lines, "the sweep and its plot, in one block"
     for line in lines:
-        out = _run(line, tmp_path, SHORTEN if line.startswith("python -m framework ") else ())
+        command = next(c for c in run_by(__file__) if c.text == line)
+        out = _run(command, tmp_path, SHORTEN if line.startswith("python -m framework ") else ())
     summary = out.splitlines()
     assert summary[-1] == "wrote lr_sweep.png"
     labels = [line.split(":")[0] for line in summary[:-1]]     # each point by the override that sets it apart
@@ -54,10 +57,10 @@ def test_compare_plots_the_docs_sweep_side_by_side(tmp_path):
 
 
 def test_plan_plots_the_memory_and_time_of_the_docs_plan(tmp_path):
-    (command,) = [c.text for c in run_by(__file__) if "--plot " in c.text]
+    (command,) = [c for c in run_by(__file__) if "--plot " in c.text]
     out = _run(command, tmp_path)
     assert "per-rank memory" in out
-    picture = tmp_path / command.split("--plot ")[1].split()[0]
+    picture = tmp_path / command.text.split("--plot ")[1].split()[0]
     colors = drawn(picture, 900, 500)
     assert min(colors.values()) > 200, f"params, grads and optimizer states drawn as bars: {colors}"
 

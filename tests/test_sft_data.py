@@ -60,9 +60,9 @@ def test_masked_loss_is_transformers_loss_and_the_same_however_the_batch_is_spli
         logits = model(input_ids=tokens).logits[:, :-1]
     targets = labels[:, 1:]
     assert abs(float(cross_entropy(logits, targets)) - float(theirs)) <= 1e-5
-    trained, positions = int((targets != IGNORE_INDEX).sum()), targets.numel()
+    trained, sequences, width = int((targets != IGNORE_INDEX).sum()), targets.shape[0], targets.shape[1]
     for parts in (1, 2, 4):                # micro-batches of the same global batch: the mean of their shares
-        with global_batch(trained, positions):
+        with global_batch(trained, sequences, width):
             shares = [cross_entropy(x, y) for x, y in zip(logits.split(4 // parts), targets.split(4 // parts))]
         assert abs(float(torch.stack(shares).mean()) - float(theirs)) <= 1e-5
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from tests.docs_commands import bash_blocks, logical_lines, pages, run_by
+from tests.docs_commands import bash_blocks, environment, logical_lines, pages, run_by
 from tests.helpers import REPO
 
 FAKES = REPO / "tests" / "fakes"
@@ -56,7 +56,8 @@ def _attempt(tmp_path, job_id: str, signal_after_steps: int | None = None) -> su
         _script(bin_dir / "scontrol", f'echo "$@" >> {tmp_path}/scontrol.log')
         (tmp_path / "train.sbatch").write_text(sbatch_script())
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_", "PET_"))}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
+    env.update(environment(run_by(__file__)[0], {"PYTHONPATH": str(REPO)}))   # README's install plus the page's extras
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", PYTHONUNBUFFERED="1",
                SLURM_JOB_ID=job_id, SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
                FAKE_SRUN_NTASKS="2", FAKE_SRUN_PIDFILE=str(tmp_path / "srun.pid"))
     proc = subprocess.Popen(["bash", "train.sbatch", *SHRINK], cwd=tmp_path, env=env, stdout=subprocess.PIPE,

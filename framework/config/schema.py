@@ -154,7 +154,10 @@ class DataConfig:
     num_tokens: int = 1_000_000         # synthetic only
     # attention stays within each document and positions restart at its start (prepared data: its documents)
     document_mask: bool = crossed(False, True)
-    overlong: OneOf["split", "truncate"] = "split"   # instruction data: an example longer than a sequence
+    overlong: OneOf["split", "truncate"] = "split"   # packed instruction data: an example longer than a sequence
+    # instruction data: examples packed whole into rows of seq_len; false: one example a row, truncated to
+    # seq_len + 1 tokens and padded to its micro-batch's longest row (TRL's packing=False; document_mask: false)
+    packing: bool = True
     # jsonl, parquet, datasets, chat: tokenized at launch into a dataset under cache_dir (null: ~/.cache/framework)
     text_key: str = "text"              # the field / column holding a document's text (or a chat's messages)
     split: str = "train"                # datasets: the split to read

@@ -18,7 +18,7 @@ from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_com
 from framework.cluster.engines import workers_here
 from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
                                          load_tensors_only)
-from framework.errors import ConfigError
+from framework.errors import ConfigError, MissingExtra, installed
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
@@ -82,12 +82,25 @@ def validate_model(cfg) -> None:
                                                 f"(llama, gpt2, moe, hf)")
 
 
-def validate_data_files(cfg) -> None:
+def validate_data_files(cfg, explicit: set[str] = frozenset()) -> None:
     data = cfg.data
     _positive(cfg, "data.seq_len", "data.vocab_size")
     if not 0 <= data.val_fraction < 1:
         raise ConfigError("data.val_fraction", f"must be in [0, 1), got {data.val_fraction}")
-    source_of(data).check(data)
+    source = source_of(data)
+    source.check(data)
+    if not data.packing and source.mixture:
+        raise ConfigError("data.packing", f"data.source={data.source} deals rows of data.seq_len out of several "
+                                          f"sources; one example a row (data.packing=false) is not built for a "
+                                          f"mixture: set data.packing=true, or train one dataset (data=tokens)")
+    if not data.packing:
+        # one example a row has no other document to keep it from, and causal attention keeps its padding out of
+        # view: no document numbers are built (data/rows.py padded), and the resolved config says so
+        data.document_mask = False
+    if not data.packing and is_explicit("data.overlong", explicit):
+        raise ConfigError("data.overlong", "splits or cuts examples in packed rows; with data.packing=false an "
+                                           "example longer than a row is truncated to data.seq_len + 1 tokens "
+                                           "(TRL's max_length): leave data.overlong unset")
 
 
 def _long_enough(n_tokens: int, seq_len: int, val_fraction: float, evaluates: bool) -> bool:
@@ -121,6 +134,10 @@ def validate_data_contents(cfg) -> None:
         key, _, msg = str(e).partition(": ")
         raise ConfigError(key, msg) from None
     for stream in found:
+        if not data.packing and stream.mask is None:
+            raise ConfigError("data.packing", f"data.source={data.source} ({stream.name}) is a token stream, not "
+                                              f"examples (instruction data with a loss mask, as data=chat prepares "
+                                              f"it): one example a row means nothing there; set data.packing=true")
         if data.document_mask and stream.starts is None:
             raise ConfigError("data.document_mask", f"data.source={data.source} ({stream.name}) records no document "
                                                     f"boundaries (a dataset dir from `python -m framework.data."
@@ -148,13 +165,16 @@ def validate_data_contents(cfg) -> None:
 
 
 def _enough_examples(cfg, stream, mixture: bool) -> None:
-    """Instruction data is packed whole: its training split needs an example, its validation split one more
-    where evaluation runs."""
-    from framework.data.batches import split_stream
+    """Instruction data is packed whole, or one example a row: its training split needs an example (one a row:
+    one that data.seq_len leaves a trained target), its validation split one more where evaluation runs."""
+    from framework.data.batches import layout_of, split_stream
     train, val = split_stream(stream, cfg.data.val_fraction)
     where = f" in {stream.name}" if mixture else ""
     if len(train.starts) < 2:
         raise ConfigError("data.path", f"the training split{where} holds no example")
+    if not cfg.data.packing and not len(layout_of(train, cfg.data)):
+        raise ConfigError("data.seq_len", f"every example of the training split{where} is cut to data.seq_len + 1 = "
+                                          f"{cfg.data.seq_len + 1} tokens with no trained target left; raise it")
     if cfg.trainer.eval_every and len(val.starts) < 2:
         raise ConfigError("trainer.eval_every", f"evaluation needs a validation split{where} of at least one "
                                                 f"example; raise data.val_fraction or set trainer.eval_every=0")
@@ -168,6 +188,8 @@ def validate_lora(cfg) -> None:
     _positive(cfg, "lora.rank", "lora.alpha")
     if not 0 <= c.dropout < 1:
         raise ConfigError("lora.dropout", f"must be in [0, 1), got {c.dropout}")
+    if c.base_dtype in ("nf4", "float8") and not installed("torchao"):
+        raise MissingExtra("lora.base_dtype", f"lora.base_dtype={c.base_dtype} weights are made by", "torchao", "qlora")
     if cfg.precision.name == "float8":
         raise ConfigError("lora.enabled", "precision=float8 converts the linears the adapters sit on; train "
                                           "adapters with precision=bf16 (lora.base_dtype=float8 stores the frozen "
@@ -412,7 +434,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
     check_ac_mode(cfg.activation_checkpointing)
-    validate_data_files(cfg)
+    validate_data_files(cfg, explicit)
     validate_sampling(cfg)
     validate_logging(cfg)
     validate_profile(cfg)

@@ -1,12 +1,13 @@
 """Layout-independent batches.
 
-A stream is cut into sequences of seq_len + 1 tokens (input plus the shifted target), one of two ways:
+A stream is cut into sequences of seq_len + 1 tokens (input plus the shifted target), one of three ways:
   - Windows: non-overlapping windows of the token stream, across document boundaries (pretraining). With
     data.document_mask each window also carries its tokens' document numbers: attention stays within a
     document and positions restart at each document's start.
   - Packed: instruction data (a loss mask) is packed whole: examples in order fill a sequence until the next
     does not fit, the rest is padding. An example longer than a sequence is split into sequence-long pieces,
     or cut to one (data.overlong). A piece's first token and the padding are never trained targets.
+  - One example a row (data.packing=false, framework/data/examples.py): each micro-batch as wide as its longest.
 Each epoch visits the sequences in a permutation drawn from (seed, epoch). Global step k takes the next
 global batch of that endless order (global_batch_size sequences, or during a batch-size ramp the ramp's size,
 starting after the earlier steps' sequences: data/ramp.py), so the sequences of a step depend only on the seed and
@@ -21,11 +22,10 @@ from typing import Optional
 import numpy as np
 import torch
 
+from framework.data.examples import OneExampleARow, cut_counts
 from framework.data.ramp import BatchSizes
-from framework.data.rows import Rows
+from framework.data.rows import PAD_ID, Rows
 from framework.loss import IGNORE_INDEX
-
-PAD_ID = 0
 
 
 class Windows:
@@ -121,8 +121,13 @@ class Packed:
 class GlobalBatchSampler:
     def __init__(self, tokens, seq_len: int, global_batch_size: BatchSizes | int, seed: int,
                  shuffle: bool = True, stream: tuple[int, ...] = ()):
-        """`tokens`: a token stream (cut into Windows) or sequences already laid out (Windows, Packed)."""
-        self.layout = tokens if isinstance(tokens, (Windows, Packed)) else Windows(tokens, seq_len)
+        """`tokens`: a token stream (cut into Windows) or sequences already laid out (Windows, Packed,
+        OneExampleARow)."""
+        self.layout = tokens if isinstance(tokens, (Windows, Packed, OneExampleARow)) else Windows(tokens, seq_len)
+        #: rows as wide as seq_len + 1, or None: one example a row, each micro-batch as wide as its longest
+        self.width = None if isinstance(self.layout, OneExampleARow) else seq_len
+        #: what data.seq_len cut of the data's examples (examples.cut_counts), set by build_samplers
+        self.cut: dict[str, int] = {}
         self.stream = stream   # extra seed words: a mixture gives each source its own order
         self.seq_len = seq_len
         self.batch_sizes = BatchSizes.of(global_batch_size)
@@ -168,15 +173,25 @@ class GlobalBatchSampler:
         """Targets step `step`'s global batch trains (None: every one of its positions)."""
         return self.layout.trained(self.sequence_ids(step))
 
+    def tokens(self, after_step: int, to_step: int) -> int:
+        """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive): every position of their
+        rows, or where rows hold one example each, the examples' tokens (padding left out, as TRL counts)."""
+        if not isinstance(self.layout, OneExampleARow):
+            return (self.batch_sizes.offset(to_step) - self.batch_sizes.offset(after_step)) * self.seq_len
+        return sum(self.layout.tokens_of(self.sequence_ids(step)) for step in range(after_step, to_step))
+
     def consumed(self, steps: int) -> dict[str, int]:
         """Per-source token counts after `steps` steps: a single source has nothing to add."""
         return {}
 
 
 def layout_of(stream, data_cfg):
-    """How a stream is cut into sequences: instruction data (a loss mask) packed whole, anything else in
-    windows, with document numbers where data.document_mask asks for them and the data knows its documents."""
+    """How a stream is cut into sequences: instruction data (a loss mask) packed whole or one example a row
+    (data.packing), anything else in windows, with document numbers where data.document_mask asks for them and
+    the data knows its documents."""
     document_mask = bool(data_cfg.get("document_mask"))     # a config written before the key existed: off
+    if stream.mask is not None and not data_cfg.get("packing", True):
+        return OneExampleARow(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len)
     if stream.mask is not None:
         return Packed(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.overlong, document_mask)
     starts = stream.starts if document_mask else None
@@ -195,13 +210,27 @@ def build_samplers(data_cfg, global_batch_size: BatchSizes | int, seed: int, wit
     splits = [[layout_of(part, data_cfg) for part in split_stream(s, data_cfg.val_fraction)] for s in found]
     if not source.mixture:
         train, val = splits[0]
-        return (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
-                GlobalBatchSampler(val, data_cfg.seq_len, final, seed, shuffle=False) if with_val else None)
-    weights, names = [s.weight for s in found], [s.name for s in found]
-    mix = lambda index, shuffle, sizes: MixtureSampler(
-        [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
-         for i, split in enumerate(splits)], weights, names, sizes, seed)
-    return mix(0, True, global_batch_size), (mix(1, False, final) if with_val else None)
+        train_sampler, val_sampler = (GlobalBatchSampler(train, data_cfg.seq_len, global_batch_size, seed),
+                                      GlobalBatchSampler(val, data_cfg.seq_len, final, seed, shuffle=False)
+                                      if with_val else None)
+    else:
+        weights, names = [s.weight for s in found], [s.name for s in found]
+        mix = lambda index, shuffle, sizes: MixtureSampler(
+            [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
+             for i, split in enumerate(splits)], weights, names, sizes, seed)
+        train_sampler, val_sampler = mix(0, True, global_batch_size), (mix(1, False, final) if with_val else None)
+    train_sampler.cut = data_cut(found, data_cfg)
+    return train_sampler, val_sampler
+
+
+def data_cut(streams, data_cfg) -> dict[str, int]:
+    """What data.seq_len cuts of the examples of every stream that holds them, summed ({} for token streams)."""
+    counts: dict[str, int] = {}
+    for stream in (s for s in streams if s.mask is not None):
+        found = cut_counts(stream.starts, stream.mask, data_cfg.seq_len, data_cfg.get("packing", True),
+                           data_cfg.overlong)
+        counts = {k: counts.get(k, 0) + v for k, v in found.items()}
+    return counts
 
 
 def split_train_val(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
@@ -235,18 +264,20 @@ def split_stream(stream, val_fraction: float):
 
 def micro_batches(local, micro_batch_size: int) -> list[tuple[torch.Tensor, ...]]:
     """Cut a rank's slice into (inputs, targets) micro-batches, targets not trained set to IGNORE_INDEX, and
-    the inputs' document numbers third where the rows carry them."""
+    the inputs' document numbers third where the rows carry them. Rows of one example each (with lengths) are
+    cut to their micro-batch's longest."""
     if isinstance(local, torch.Tensor):
         return [(chunk[:, :-1], chunk[:, 1:]) for chunk in local.split(micro_batch_size)]
     out = []
     for i in range(0, len(local.tokens), micro_batch_size):
         part = slice(i, i + micro_batch_size)
-        tokens = local.tokens[part]
+        width = int(local.lengths[part].max()) if local.lengths is not None else local.tokens.shape[1]
+        tokens = local.tokens[part, :width]
         targets = tokens[:, 1:]
         if local.trained is not None:
-            targets = targets.masked_fill(~local.trained[part][:, 1:], IGNORE_INDEX)
+            targets = targets.masked_fill(~local.trained[part, 1:width], IGNORE_INDEX)
         batch = (tokens[:, :-1], targets)
         if local.documents is not None:
-            batch += (local.documents[part][:, :-1],)
+            batch += (local.documents[part, :width - 1],)
         out.append(batch)
     return out

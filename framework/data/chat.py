@@ -23,6 +23,7 @@ import numpy as np
 
 from framework.data.documents import DocumentError
 from framework.data.tokenizer import CONFIG_FILE
+from framework.errors import installed
 
 TRAIN_ON = ("assistant", "all", "last")
 ROLES = ("system", "user", "assistant", "tool")
@@ -54,10 +55,25 @@ TEMPLATES = {
 }
 # End-of-turn markers of common tokenizers' own templates: generation stops at any the tokenizer holds.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
+RENDERER = ("transformers", "hf")     # what renders a chat template, and the extra that installs it
 
 
 class ChatError(DocumentError):
     """A chat record or template that cannot be used; the message starts with `file[:line]`."""
+
+
+class MissingRenderer(ChatError):
+    """A chat template to render and no transformers to render it. `option` asked for the template:
+    `chat_template` (a built-in, named) or `tokenizer` (the tokenizer's own); callers name it as they spell it."""
+
+    def __init__(self, option: str):
+        self.option = option
+        package, extra = RENDERER
+        super().__init__(f"chat templates are rendered by {package}, which is not installed: "
+                         f"pip install 'framework[{extra}]'")
+
+    def __reduce__(self):       # raised in a worker, pickled to the main process
+        return MissingRenderer, (self.option,)
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,13 @@ def choose_template(name: Optional[str], tokenizer_spec: str, own: bool) -> Temp
     return Template(jinja, "tokenizer" if jinja else "none", bos)
 
 
+def check_renderer(template: Template) -> None:
+    """Raise MissingRenderer where the template needs transformers and it is not installed: in the process
+    that decides, before any worker would fail to build a Renderer."""
+    if template.jinja is not None and not installed(RENDERER[0]):
+        raise MissingRenderer("chat_template" if template.name in TEMPLATES else "tokenizer")
+
+
 def fit_tokenizer(tok, template: Template, tokenizer_spec: str, ours: bool) -> None:
     """A tokenizer built here (bytes, bpe:N) gets a built-in template's special tokens; a user's must hold them."""
     if template.name not in TEMPLATES:
@@ -200,11 +223,8 @@ class Renderer:
         self.template, self.bos_ids, self.eos_id = template, bos_ids, eos_id
         self._hf = None
         if template.jinja is not None:
-            try:
-                from transformers import PreTrainedTokenizerFast
-            except ImportError:
-                raise ChatError("chat templates are rendered by transformers, which is not installed: "
-                                "pip install 'framework[hf]'") from None
+            check_renderer(template)
+            from transformers import PreTrainedTokenizerFast
             specials = {"bos_token": template.bos_token} if template.bos_token else {}
             self._hf = PreTrainedTokenizerFast(tokenizer_object=self.tok, chat_template=template.jinja, **specials)
 

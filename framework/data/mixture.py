@@ -32,6 +32,8 @@ class MixtureSampler:
         self.batch_sizes, self.seed = BatchSizes.of(global_batch_size), seed
         self.global_batch_size = self.batch_sizes.final
         self.seq_len = samplers[0].seq_len
+        self.width = self.seq_len       # every source's rows are seq_len + 1 wide (data.packing=false is refused)
+        self.cut: dict[str, int] = {}   # set by build_samplers
         self.counts = block_counts(weights)
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -72,6 +74,10 @@ class MixtureSampler:
         if all(c is None for c in counts):
             return None
         return sum(self.seq_len if c is None else c for c in counts)
+
+    def tokens(self, after_step: int, to_step: int) -> int:
+        """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive)."""
+        return (self.batch_sizes.offset(to_step) - self.batch_sizes.offset(after_step)) * self.seq_len
 
     def sequences_per_source(self, positions: int) -> np.ndarray:
         """How many of the first `positions` positions each source supplied."""

@@ -6,6 +6,11 @@ The main process reads documents and writes shards in input order; a pool of wor
 tokenizes batches of documents (each worker single-threaded, so --workers is the number of cores used).
 Everything goes to a hidden sibling dir that is renamed to --out only when complete: an interrupted or
 failed run leaves no dataset behind. Bad input exits 2 with one `error: file[:line]: ...` line.
+
+What the workers need (transformers, for a chat template) is checked here before the pool starts. A worker
+that cannot start or dies stops the run in one line: its initializer keeps what it raised and the first task
+raises it (multiprocessing.Pool restarts a worker whose initializer fails, forever), and a dead worker breaks
+the pool (concurrent.futures), which ends the run instead of waiting on a task that never returns.
 """
 from __future__ import annotations
 
@@ -15,14 +20,18 @@ import os
 import shutil
 import sys
 import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
 
 from framework.data import tokenizer as tokenizers_
-from framework.data.chat import (TEMPLATES, TRAIN_ON, ChatError, Example, Renderer, Template, choose_template,
-                                 contents, example_of, fit_tokenizer, is_chat_record, stop_tokens)
+from framework.data.chat import (TEMPLATES, TRAIN_ON, ChatError, Example, MissingRenderer, Renderer, Template,
+                                 check_renderer, choose_template, contents, example_of, fit_tokenizer, is_chat_record,
+                                 stop_tokens)
 from framework.data.documents import DocumentError, expand_inputs, read_records, text_of
 from framework.data.token_dataset import DatasetError, ShardWriter, file_sha256, token_dtype
 
@@ -33,20 +42,37 @@ _worker_eos = 0
 _worker_bos: list[int] = []
 _worker_renderer = None
 _worker_train_on = "assistant"
+_worker_failure: BaseException | None = None
+
+
+class PrepareFailed(RuntimeError):
+    """A tokenizing worker could not start, failed outside the data's checks, or died: not the input's fault."""
+
+
+WORKER_DIED = "a tokenizing worker process died (killed, or out of memory?)"
 
 
 def _init_worker(tokenizer_json: str, template, bos_ids: list[int], eos_id: int, train_on) -> None:
-    global _worker_tokenizer, _worker_eos, _worker_bos, _worker_renderer, _worker_train_on
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from tokenizers import Tokenizer
-    _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
-    _worker_eos, _worker_bos, _worker_train_on = eos_id, bos_ids, train_on
-    _worker_renderer = Renderer(tokenizer_json, template, bos_ids, eos_id) if template is not None else None
+    global _worker_tokenizer, _worker_eos, _worker_bos, _worker_renderer, _worker_train_on, _worker_failure
+    try:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        from tokenizers import Tokenizer
+        _worker_tokenizer = Tokenizer.from_str(tokenizer_json)
+        _worker_eos, _worker_bos, _worker_train_on = eos_id, bos_ids, train_on
+        _worker_renderer = Renderer(tokenizer_json, template, bos_ids, eos_id) if template is not None else None
+    except Exception as e:      # raised by this worker's first task: see the module's docstring
+        _worker_failure = e
+
+
+def _started() -> None:
+    if _worker_failure is not None:
+        raise _worker_failure
 
 
 def encode_documents(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(all ids: each document as the tokenizer begins a text (its BOS, where it has one), then EOS;
     per-document lengths including both)."""
+    _started()
     encoded = _worker_tokenizer.encode_batch(texts, add_special_tokens=False)
     bos = len(_worker_bos)
     lengths = np.fromiter((bos + len(e.ids) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
@@ -59,11 +85,49 @@ def encode_documents(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return ids, lengths
 
 
-def _encode_examples(examples: list[Example]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def encode_examples(examples: list[Example]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(all ids, per-example lengths, the loss mask over all ids)."""
+    _started()
     encoded = [_worker_renderer.encode(e, _worker_train_on) for e in examples]
     lengths = np.fromiter((len(ids) for ids, _ in encoded), dtype=np.int64, count=len(encoded))
     return (np.concatenate([ids for ids, _ in encoded]), lengths, np.concatenate([mask for _, mask in encoded]))
+
+
+def _in_order(pool: ProcessPoolExecutor, work, items, ahead: int):
+    """pool.map(work, items) with at most `ahead` tasks queued (the items stream: a corpus need not fit in
+    memory); the first task that raises ends it, as does a worker that dies."""
+    pending: deque = deque()
+    try:
+        for item in items:
+            pending.append(_submitted(pool, work, item))
+            if len(pending) >= ahead:
+                yield _result(pending.popleft())
+        while pending:
+            yield _result(pending.popleft())
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _submitted(pool: ProcessPoolExecutor, work, item):
+    try:
+        return pool.submit(work, item)
+    except BrokenProcessPool:
+        raise PrepareFailed(WORKER_DIED) from None
+
+
+def _result(future):
+    """A task's result; what the data is blamed for (a record, the tokenizer) as raised, anything else as
+    PrepareFailed."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise PrepareFailed(WORKER_DIED) from None
+    except (DocumentError, tokenizers_.TokenizerError, DatasetError):
+        raise
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise PrepareFailed(f"a tokenizing worker failed: {type(e).__name__}: {first}") from None
 
 
 def _batches(items: Iterator, size=len) -> Iterator[list]:
@@ -142,6 +206,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     kind, _ = tokenizers_.parse_spec(tokenizer_spec)
     if is_chat:
         template = choose_template(chat.template, tokenizer_spec, own=kind == "file")
+        check_renderer(template)
         training = (text for e in _examples(files, read, text_key, template) for text in contents(e))
     else:
         template = None
@@ -162,7 +227,7 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     try:
         if is_chat:
             tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja, bos_token=template.bos_token)
-            work, init = _encode_examples, (tok.to_str(), template, bos_ids, eos_id, chat.train_on)
+            work, init = encode_examples, (tok.to_str(), template, bos_ids, eos_id, chat.train_on)
             items = _batches(_examples(files, read, text_key, template), size=lambda e: sum(map(len, contents(e))))
         else:
             tok.save(os.path.join(tmp, tokenizers_.TOKENIZER_FILE))
@@ -171,8 +236,9 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
         writer = ShardWriter(tmp, token_dtype(vocab), shard_tokens, loss_mask=is_chat)
         start = time.perf_counter()
         os.environ["TOKENIZERS_PARALLELISM"] = "false"   # before forking: each worker is one core
-        with multiprocessing.get_context("fork").Pool(workers, _init_worker, init) as pool, _progress() as bar:
-            for encoded in pool.imap(work, items):
+        with ProcessPoolExecutor(workers, multiprocessing.get_context("fork"), _init_worker, init) as pool, \
+                _progress() as bar:
+            for encoded in _in_order(pool, work, items, ahead=2 * workers):
                 writer.write_documents(*encoded)
                 bar.update(len(encoded[0]))
         seconds = time.perf_counter() - start
@@ -217,9 +283,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         m = prepare(args.input, args.tokenizer, args.out, args.text_key, args.shard_tokens, args.workers,
                     ChatOptions(args.chat_template, args.train_on), split=args.split)
+    except MissingRenderer as e:
+        given = (f"--chat-template {args.chat_template}" if e.option == "chat_template"
+                 else f"--tokenizer {args.tokenizer}")
+        print(f"error: {given}: {e}", file=sys.stderr)
+        return 2
     except (DocumentError, tokenizers_.TokenizerError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except PrepareFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     kind = f"{m['documents']} {'conversations' if m.get('loss_mask') else 'documents'}"
     print(f"wrote {args.out}: {m['tokens']} tokens, {kind}, {len(m['shards'])} shards of "
           f"{m['dtype']}, vocab {m['vocab_size']}, {m['tokens_per_sec'] / args.workers:,.0f} tokens/s per worker")

@@ -4,12 +4,13 @@ grad_norm), the peak memory since the last record, the strategy's own numbers, e
 logs it; `finish` ends the run (rank 0) with the lines of framework/metrics/summary.py over the records
 this run wrote, which the trackers keep too. Peak memory restarts after each record and after each
 checkpoint save (staging is not a training step's memory). tokens/s counts the tokens of the interval's
-steps, whose global batches differ during a batch-size ramp (framework/data/ramp.py)."""
+steps, as the training data counts them (data/batches.py: every position of a row, or one example a row, the
+examples' own tokens), whose global batches differ during a batch-size ramp (framework/data/ramp.py). The
+run's first record also holds what data.seq_len cut of the data's examples (data/examples.py), once."""
 from __future__ import annotations
 
 import sys
 
-from framework.data.ramp import BatchSizes
 from framework.metrics.gpu_health import GpuHealth
 from framework.metrics.logger import MetricsLogger
 from framework.metrics.memory import IntervalPeakMemory
@@ -18,12 +19,14 @@ from framework.metrics.summary import run_summary
 
 
 class StepRecords:
-    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int,
-                 batch_sizes: BatchSizes, on_record=None):
+    def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int, data,
+                 on_record=None):
+        """`data`: the training sampler (data/batches.py), which counts the tokens of steps and what was cut."""
         self.on_record = on_record
         self.cfg, self.strategy, self.run_dir, self.first_step = cfg, strategy, run_dir, initial_step
-        self.sizes, self.seq_len = batch_sizes, cfg.data.seq_len
+        self.data, self.once = data, dict(data.cut)
         self.last_logged = initial_step
+        self.logged_tokens = 0
         self.flops_per_token = flops_per_token
         self.peak = peak_flops(strategy.device, cfg.logging, cfg.precision)
         self.memory = IntervalPeakMemory(strategy.device)
@@ -32,22 +35,20 @@ class StepRecords:
         self.logger = MetricsLogger(cfg, run_dir, strategy.is_main, cfg.trainer.max_steps, initial_step=initial_step)
         self.finished = False
 
-    def tokens(self, after_step: int, to_step: int) -> int:
-        """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive)."""
-        return (self.sizes.offset(to_step) - self.sizes.offset(after_step)) * self.seq_len
-
     def start(self, step: int, loss: float, lr: float, grad_norm: float, *extras: dict) -> dict:
         s = self.strategy
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
-                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics(), **self.health.read()}
+                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics(), **self.health.read(), **self.once}
+        self.once = {}
         for extra in extras:
             record.update(extra)
         return record
 
     def write(self, record: dict, timing: dict) -> None:
         steps = record["step"] - self.last_logged
-        tokens_per_sec = self.tokens(self.last_logged, record["step"]) / (timing["step_time"] * steps)
-        self.last_logged = record["step"]
+        tokens = self.data.tokens(self.last_logged, record["step"])
+        tokens_per_sec = tokens / (timing["step_time"] * steps)
+        self.last_logged, self.logged_tokens = record["step"], self.logged_tokens + tokens
         full = {**record, **timing, "tokens_per_sec": tokens_per_sec,
                 "mfu": mfu(self.flops_per_token, tokens_per_sec, self.peak, self.strategy.world_size)}
         self.logger.log(full)
@@ -64,8 +65,9 @@ class StepRecords:
     def finish(self, wall_seconds: float, last_step: int, totals: dict) -> None:
         """The run reached its last step: print the summary (rank 0) and hand it to the trackers."""
         if self.strategy.is_main:
+            tokens = self.logged_tokens + self.data.tokens(self.last_logged, last_step)
             text, values = run_summary(self.cfg, self.run_dir, wall_seconds, self.first_step, last_step,
-                                       {**totals, "tokens": self.tokens(self.first_step, last_step)})
+                                       {**totals, "tokens": tokens})
             print(text, flush=True)
             self.logger.log_summary(values)
         self.finished = True

@@ -7,6 +7,7 @@ import shlex
 import statistics
 
 from framework.checkpoint.manager import checkpoint_dir, complete_checkpoints
+from framework.data.examples import COUNTS, describe_cut
 from framework.redact import redacted
 
 # Overrides that the printed commands set themselves.
@@ -61,6 +62,10 @@ def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_st
                      + f", MFU {100 * values['mfu']:.2f}% (medians of logged steps)")
     if totals["steps"]:
         lines.append(training_line(totals))
+    cut = {k: v for k, v in (records[0] if records else {}).items() if k in COUNTS}
+    if cut:
+        values.update(cut)
+        lines.append(f"  data        {describe_cut(cut, cfg.data.seq_len)}")
     lines.append(f"  run dir     {run_dir}")
     found = complete_checkpoints(checkpoint_dir(cfg, run_dir)) if cfg.checkpoint.enabled else []
     if found:

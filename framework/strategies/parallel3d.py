@@ -188,6 +188,14 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
             raise ConfigError("model._target_", f"parallel=3d builds the model on the meta device and fills each "
                                                 f"rank's shards by parameter name; {model._target_} (model spec "
                                                 f"{spec.name}) has no per-name init")
+        fixed_width = [key for key, on in (("parallel.pp", dims.pp > 1), ("parallel.cp", dims.cp > 1),
+                                           ("parallel.sequence_parallel", p.sequence_parallel and dims.tp > 1)) if on]
+        if not cfg.data.get("packing", True) and fixed_width:
+            raise ConfigError(fixed_width[0], "needs rows of one width (a pipeline's stages pass activations of the "
+                                              "shape they inferred first; context and sequence parallelism split each "
+                                              "row's positions evenly), and data.packing=false pads each micro-batch "
+                                              "to its own longest row; set data.packing=true or "
+                                              f"{fixed_width[0]}={'false' if 'sequence' in fixed_width[0] else 1}")
         if p.sequence_parallel and cfg.data.seq_len % dims.tp:
             raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
                                               f"parallel.tp={dims.tp} ranks: not divisible")

@@ -17,7 +17,7 @@ import numpy as np
 
 from framework import storage
 from framework.data import megatron, token_dataset
-from framework.errors import ConfigError
+from framework.errors import ConfigError, MissingExtra, installed
 
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 #: data.* keys read through the operating system's own calls (the data is opened, memory-mapped, prepared there)
@@ -51,6 +51,9 @@ class Source:
     mixture = False
     #: `prepare` reads an input through this source when no other source reads it (text)
     fallback_reader = False
+    #: (what it reads "are read by", the optional package that reads it, the extra that installs it); None: it
+    #: reads with the base install
+    reads_with: Optional[tuple[str, str, str]] = None
 
     def reads(self, path: str) -> bool:
         """Whether `prepare` reads the input `path` (a file, or a directory read as a whole) as records of
@@ -66,6 +69,7 @@ class Source:
 
     def check(self, data_cfg) -> None:
         """Cheap checks of the files the data names, before anything is opened; raise ConfigError."""
+        self.check_installed("data.source")
         for key in LOCAL_PATH_KEYS:
             value = data_cfg.get(key)
             if value and (storage.is_url(value) or storage.url_problem(value)):
@@ -73,6 +77,12 @@ class Source:
         if self.path_names and not data_cfg.path:
             raise ConfigError("data.path", f"is required for data.source={self.name}; set data.path=/path/to/"
                                            f"{self.path_names}")
+
+    def check_installed(self, key: str, where: str = "") -> None:
+        """The package it reads with is installed, or MissingExtra naming `key` (and `where`: the input)."""
+        if self.reads_with is not None and not installed(self.reads_with[1]):
+            what, package, extra = self.reads_with
+            raise MissingExtra(key, f"{where}: {what}" if where else what, package, extra)
 
     def resolve(self, data_cfg) -> None:
         """In the launching process, before validation: fill what the data says of itself into data.*

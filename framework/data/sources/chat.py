@@ -28,6 +28,13 @@ class Chat(PreparedSource):
     path_names = "file, dataset dir or Hub dataset id"
     chat_only = True
 
+    def check(self, data_cfg) -> None:
+        super().check(data_cfg)
+        for path in self.expand([data_cfg.path]):
+            reader = _reader(path)
+            if reader is not None:
+                reader.check_installed("data.path", path)
+
     def expand(self, inputs: list[str]) -> list[str]:
         out = []
         for item in inputs:

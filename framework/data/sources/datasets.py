@@ -73,6 +73,7 @@ def load(path: str, split: str = DEFAULT_SPLIT):
 
 class Datasets(PreparedSource):
     name = "datasets"
+    reads_with = ("Hugging Face datasets are loaded by the package", "datasets", "datasets")
     path_names = "dataset dir, data files or Hub dataset id"
 
     def check(self, data_cfg) -> None:

@@ -11,6 +11,7 @@ from framework.data.sources.prepared import PreparedSource
 
 class Parquet(PreparedSource):
     name = "parquet"
+    reads_with = ("Parquet files are read by", "pyarrow", "parquet")
 
     def reads(self, path: str) -> bool:
         return path.endswith(".parquet")

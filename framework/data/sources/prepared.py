@@ -62,6 +62,20 @@ class PreparedSource(Source):
             self.expand([data_cfg.path])
         except DocumentError as e:
             raise ConfigError("data.path", str(e)) from None
+        self.check_template(data_cfg)
+
+    def check_template(self, data_cfg) -> None:
+        """The chat template that will render the records, where it is known before they are read (data.chat_template
+        named, or chat data: the tokenizer's own) needs transformers: say so here, not in a tokenizing worker."""
+        from framework.data.chat import MissingRenderer, check_renderer, choose_template
+        from framework.data.tokenizer import parse_spec
+        if not (self.chat_only or data_cfg.chat_template):
+            return
+        own = parse_spec(data_cfg.tokenizer)[0] == "file"
+        try:
+            check_renderer(choose_template(data_cfg.chat_template, data_cfg.tokenizer, own))
+        except MissingRenderer as e:
+            raise ConfigError(f"data.{e.option}", str(e)) from None
 
     def fingerprint(self, data_cfg) -> str:
         inputs = self.expand([data_cfg.path])
@@ -73,7 +87,8 @@ class PreparedSource(Source):
 
     def resolve(self, data_cfg) -> None:
         """Prepare the inputs (or find them prepared) and point data.prepared at the dataset dir."""
-        from framework.data.prepare import ChatOptions, prepare
+        from framework.data.chat import MissingRenderer
+        from framework.data.prepare import ChatOptions, PrepareFailed, prepare
         from framework.data.tokenizer import TokenizerError
         self.check(data_cfg)
         name = os.path.basename(os.path.normpath(data_cfg.path)).split(".")[0] or self.name
@@ -86,8 +101,12 @@ class PreparedSource(Source):
                                    split=data_cfg.split, chat_only=self.chat_only)
                 print(f"prepared {data_cfg.path} into {out}: {manifest['tokens']} tokens, {manifest['documents']} "
                       f"{'conversations' if manifest.get('loss_mask') else 'documents'}", file=sys.stderr)
+            except MissingRenderer as e:    # the tokenizer's own template, found on reading chat records
+                raise ConfigError(f"data.{e.option}", str(e)) from None
             except (DocumentError, TokenizerError) as e:
                 raise ConfigError("data.path" if isinstance(e, DocumentError) else "data.tokenizer", str(e)) from None
+            except PrepareFailed as e:     # not the data's fault: exit 1, still in one line
+                raise SystemExit(f"error: data.path: {data_cfg.path}: {e}") from None
             except token_dataset.DatasetError:
                 # another process (a torchrun rank) renamed the same dataset into place first
                 if not os.path.isfile(os.path.join(out, token_dataset.MANIFEST)):
