@@ -24,6 +24,8 @@ CASES = [
      "error: precision: precision=float8 needs torchao: pip install 'framework[float8]'"),
     ("wandb", ["logging.trackers=[wandb]"],
      "error: logging.trackers: wandb needs its client library: pip install 'framework[wandb]'"),
+    ("s3", ["checkpoint.dir=s3://bucket/runs"],
+     "error: checkpoint.dir: s3://bucket/runs: s3:// needs s3fs, which is not installed: pip install 'framework[s3]'"),
     ("joblib", ["-m", "hydra/launcher=joblib", "seed=0,1"],
      "error: hydra/launcher: hydra/launcher=joblib is run by hydra-joblib-launcher, which is not installed: "
      "pip install 'framework[sweep]'"),

@@ -62,12 +62,16 @@ def url_problem(value: str) -> str | None:
     try:
         cls = fsspec.get_filesystem_class(name)
     except ImportError as e:         # a protocol whose package is missing
-        return f"{text}: {_first_line(e)}"
+        extra = PROTOCOL_EXTRAS.get(name)
+        return f"{text}: " + (f"{name}:// needs s3fs, which is not installed: pip install 'framework[{extra}]'"
+                              if extra else _first_line(e))
     if cls.root_marker == "" and not rest.split("/", 1)[0]:      # its paths begin with a bucket, container or host
         return f"{text}: no bucket (container, host) after {name}://; write {name}://BUCKET/prefix"
     return None
 
 
+#: protocols whose file system one of the framework's extras installs (pyproject.toml)
+PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
 _URL_EXAMPLES = "give a local path or a URL such as s3://BUCKET/prefix, gs://BUCKET/prefix, az://CONTAINER/prefix"
 
 
