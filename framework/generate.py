@@ -101,6 +101,7 @@ def _from_checkpoint(path: str):
 def load(path: str):
     """(model in eval mode, tokenizer) from a checkpoint step dir or an export dir."""
     from framework.checkpoint.manager import CheckpointError
+    from framework.checkpoint.unpickle import UnsafeCheckpointError
     from framework.data.tokenizer import TokenizerError
     try:
         if os.path.isfile(os.path.join(path, "meta.json")):
@@ -109,7 +110,7 @@ def load(path: str):
             model, tok = _from_export(path)
         else:
             raise GenerateError(f"{path} is neither a checkpoint step dir (meta.json) nor an export dir (config.json)")
-    except (CheckpointError, TokenizerError) as e:
+    except (CheckpointError, TokenizerError, UnsafeCheckpointError) as e:
         raise GenerateError(str(e)) from None
     if tok is None:
         raise GenerateError(f"{path} records no tokenizer; train with data.tokenizer=/path/to/tokenizer.json")

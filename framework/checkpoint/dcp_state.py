@@ -10,11 +10,13 @@ import json
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from framework import storage
-from framework.checkpoint.safety import check_dcp_metadata
+from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure, reader
 from framework.checkpoint.staging import ReusedStager
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 
 EXTRA = "extra.json"
 # One key per parameter for optimizer states and hyper-parameters too: ranks that hold different
@@ -29,13 +31,6 @@ def writer(path: str):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
         return FsspecWriter(path, sync_files=False)
     return dcp.FileSystemWriter(path)
-
-
-def reader(path: str):
-    if storage.is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-        return FsspecReader(path)
-    return dcp.FileSystemReader(path)
 
 
 def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None,
@@ -56,10 +51,17 @@ def save(path: str, model, optimizer, scheduler, precision, background: bool = F
 
 
 def load(path: str, model, optimizer, scheduler, precision) -> None:
-    check_dcp_metadata(path)
+    """Restore the state; a file that would run code is refused (UnsafeCheckpointError) on every rank."""
+    state_reader = reader(path)
+    state_reader.read_metadata()      # refused here, before DCP, which would log a traceback and look further
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=reader(path), no_dist=not dist.is_initialized())
+    try:
+        dcp.load(state, storage_reader=state_reader, planner=RestrictedLoadPlanner(), no_dist=not dist.is_initialized())
+    except CheckpointException as e:    # every rank gets every rank's failures
+        if isinstance(first_failure(e), UnsafeCheckpointError):
+            raise first_failure(e) from None
+        raise
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=OPTIONS)
     extra = json.loads(storage.read_text(storage.join(path, EXTRA)))

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from framework import faults, storage
 from framework.checkpoint.manifest import first_damage, shared_manifest
 from framework.checkpoint.retention import Saved, kept_steps, score_of
-from framework.checkpoint.safety import load_tensors_only
+from framework.checkpoint.unpickle import UnsafeCheckpointError, load_torch
 from framework.data import tokenizer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -45,6 +45,11 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used by this run; reported as a configuration error."""
+
+
+class ResumeRefused(CheckpointError):
+    """A worker's load found the checkpoint unsafe (the launching process checks it first: a file changed
+    since, or no launching process checked it)."""
 
 
 def checkpoint_dir(cfg, run_dir: str) -> str:
@@ -286,12 +291,20 @@ class CheckpointManager:
 
     def load(self, path: str) -> int:
         """Restore the strategy and RNG states; return the step to continue from."""
-        self.strategy.load_checkpoint(storage.join(path, STATE))
-        meta = read_meta(path)
-        rng_file = storage.join(path, RNG, f"rank_{_rank():05d}.pt")
-        if meta["world_size"] == self.strategy.world_size and storage.exists(rng_file):
-            set_rng_state(load_tensors_only(rng_file))
+        try:
+            self.strategy.load_checkpoint(storage.join(path, STATE))
+            meta = read_meta(path)
+            rng_file = storage.join(path, RNG, f"rank_{_rank():05d}.pt")
+            if meta["world_size"] == self.strategy.world_size and storage.exists(rng_file):
+                set_rng_state(read_rng(rng_file))
+        except UnsafeCheckpointError as e:
+            raise ResumeRefused(str(e)) from None
         return int(json.loads(storage.read_text(storage.join(path, TRAINER)))["step"])
+
+
+def read_rng(path: str) -> dict:
+    """A rank's RNG states as saved (tensors only: anything else is refused)."""
+    return load_torch(storage.read_bytes(path), path)
 
 
 def rng_state() -> dict:

@@ -13,11 +13,12 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from framework import determinism, storage
+from framework.checkpoint.dcp_reader import check_metadata as check_dcp_metadata
+from framework.checkpoint.deepspeed_files import check_deepspeed_files
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
-                                         completed_checkpoint, resolve_resume)
+                                         completed_checkpoint, read_rng, resolve_resume)
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.cluster.engines import workers_here
-from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
-                                         load_tensors_only)
 from framework.errors import ConfigError
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
@@ -331,7 +332,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
         elif meta["format"] == "deepspeed":
             check_deepspeed_files(os.path.join(path, STATE))
         for name in storage.listdir(storage.join(path, RNG)):
-            load_tensors_only(storage.join(path, RNG, name))
+            read_rng(storage.join(path, RNG, name))
     except (CheckpointError, UnsafeCheckpointError, OSError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
     if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):

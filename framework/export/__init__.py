@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from framework import storage
 from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
-from framework.checkpoint.safety import UnsafeCheckpointError
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.data import tokenizer as tokenizers_
 from framework.export import adapter as adapters_
 from framework.export.read import READERS

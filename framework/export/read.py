@@ -14,10 +14,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework import storage
-from framework.checkpoint.dcp_state import reader as dcp_reader
+from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure, reader as dcp_reader
+from framework.checkpoint.deepspeed_files import check_deepspeed_files, deepspeed_loads_restricted, load_deepspeed_file
 from framework.checkpoint.manager import CONFIG, STATE
-from framework.checkpoint.safety import check_dcp_metadata, check_deepspeed_files
-from framework.models.lora import dequantized, nf4_read_target, pickled_base_classes
+from framework.models.lora import dequantized, nf4_read_target
 
 MODEL_PREFIX = "model."
 
@@ -25,9 +25,8 @@ MODEL_PREFIX = "model."
 def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     """From a path or a URL (only the model's tensors are read: byte ranges of the state files)."""
     state_dir = storage.join(step_dir, STATE)
-    check_dcp_metadata(state_dir)
     reader = dcp_reader(state_dir)
-    entries = reader.read_metadata().state_dict_metadata
+    entries = reader.read_metadata().state_dict_metadata     # parsed once, with the allowlist
     # DCP stores each parameter's global size: full tensors here, whatever shards wrote them.
     names = {key[len(MODEL_PREFIX):]: meta for key, meta in entries.items()
              if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
@@ -40,10 +39,9 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         try:
-            with torch.serialization.safe_globals(pickled_base_classes()):
-                dcp.load(state, storage_reader=reader, no_dist=True)
+            dcp.load(state, storage_reader=reader, planner=RestrictedLoadPlanner(), no_dist=True)
         except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
-            raise next(iter(e.failures.values()))[0] from None
+            raise first_failure(e) from None
     return {name: dequantized(t, torch.float32) for name, t in state["model"].items()}
 
 
@@ -54,20 +52,21 @@ def _lora_config(step_dir: str):
 def read_deepspeed(step_dir: str) -> dict[str, torch.Tensor]:
     step_dir = storage.local_copy(step_dir)     # DeepSpeed's own reader takes a local dir
     state_dir = os.path.join(step_dir, STATE)
-    check_deepspeed_files(state_dir)
+    check_deepspeed_files(state_dir)      # every file zero_to_fp32 reads, parsed weights only, naming a refusal
     if not glob.glob(os.path.join(state_dir, "*optim_states.pt")):
         # zero=none keeps no partitioned master copies: the module's own weights are the state.
         model_file = os.path.join(state_dir, "mp_rank_00_model_states.pt")
-        module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        module = load_deepspeed_file(model_file)["module"]
         return {name: t.float() for name, t in module.items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):   # progress lines
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            deepspeed_loads_restricted():      # its own torch.load calls say weights_only=False
         state = get_fp32_state_dict_from_zero_checkpoint(step_dir, tag=STATE)
     # parameters without gradient (an MoE router's expert_bias, moved outside the gradient) have no partitioned
     # master copy under zero 1-2; the module's own state holds them whole
     model_file = os.path.join(state_dir, "mp_rank_00_model_states.pt")     # zero 1-2 (3 partitions its own)
     if os.path.isfile(model_file):
-        module = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        module = load_deepspeed_file(model_file)["module"]
         for name, t in module.items():
             if name not in state and t.numel() > 0:
                 state[name] = t
