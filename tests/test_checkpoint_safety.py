@@ -241,11 +241,15 @@ def test_deepspeed_file_payloads_are_refused_by_resume_export_generate_and_the_w
 
 
 def test_a_qlora_checkpoint_resumes_and_exports_and_a_payload_in_its_nf4_weight_is_refused(qlora, tmp_path, capsys):
-    """The NF4 base weights are tensor subclasses pickled whole: read weights only with that one class added."""
+    """The NF4 base weights are tensor subclasses pickled whole: read weights only with that one class added.
+    The single-process resume saves and loads without DCP's warning that it has no process group."""
     run_dir = tmp_path / "resumed"
-    proc = resumed(qlora, run_dir, "framework", None, *QLORA, "trainer.max_steps=5", "checkpoint.enabled=true")
+    proc = resumed(qlora, run_dir, "framework", None, *QLORA, "trainer.max_steps=5", "checkpoint.enabled=true",
+                   "trainer.progress_bar=true")
     check_ok(proc)
     assert [r["step"] for r in read_metrics(run_dir)] == [5]
+    output = proc.stdout + proc.stderr
+    assert "torch.distributed is disabled" not in output and "return func(*args, **kwargs)" not in output, output
     assert export_here(capsys, qlora, tmp_path / "hf").returncode == 0
     canary = tmp_path / "canary"
     step = copied(qlora, tmp_path / "nf4")

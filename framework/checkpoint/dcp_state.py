@@ -6,7 +6,9 @@ DCP gives every rank the slices its own shards need.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -33,6 +35,23 @@ def writer(path: str):
     return dcp.FileSystemWriter(path)
 
 
+# What DCP warns at every save and load without a process group (with no_dist, which asks for exactly that);
+# the warning's frame is DCP's decorator, so `return func(*args, **kwargs)` was printed after it.
+SINGLE_PROCESS_WARNING = (r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to "
+                          r"(save|load) in a single process")
+
+
+@contextlib.contextmanager
+def single_process_understood():
+    """DCP's calls without a process group, less its warning that they have none (that one only)."""
+    if dist.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield
+
+
 def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None,
          stager: ReusedStager | None = None):
     """Write the state. background: stage a CPU copy (into `stager`'s buffers), write it from a thread
@@ -43,10 +62,11 @@ def save(path: str, model, optimizer, scheduler, precision, background: bool = F
         storage.makedirs(path)
         storage.write_text(storage.join(path, EXTRA),
                            json.dumps({"scheduler": scheduler.state_dict(), "precision": precision.state_dict()}))
-    if background:
-        return dcp.async_save(state, storage_writer=writer(path), process_group=group,
-                              no_dist=not dist.is_initialized(), async_stager=stager)
-    dcp.save(state, storage_writer=writer(path), no_dist=not dist.is_initialized())
+    with single_process_understood():
+        if background:
+            return dcp.async_save(state, storage_writer=writer(path), process_group=group,
+                                  no_dist=not dist.is_initialized(), async_stager=stager)
+        dcp.save(state, storage_writer=writer(path), no_dist=not dist.is_initialized())
     return None
 
 
@@ -57,7 +77,9 @@ def load(path: str, model, optimizer, scheduler, precision) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     try:
-        dcp.load(state, storage_reader=state_reader, planner=RestrictedLoadPlanner(), no_dist=not dist.is_initialized())
+        with single_process_understood():
+            dcp.load(state, storage_reader=state_reader, planner=RestrictedLoadPlanner(),
+                     no_dist=not dist.is_initialized())
     except CheckpointException as e:    # every rank gets every rank's failures
         if isinstance(first_failure(e), UnsafeCheckpointError):
             raise first_failure(e) from None

@@ -5,7 +5,6 @@ import contextlib
 import glob
 import io
 import os
-import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -15,6 +14,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from framework import storage
 from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure, reader as dcp_reader
+from framework.checkpoint.dcp_state import single_process_understood
 from framework.checkpoint.deepspeed_files import check_deepspeed_files, deepspeed_loads_restricted, load_deepspeed_file
 from framework.checkpoint.manager import CONFIG, STATE
 from framework.models.lora import dequantized, nf4_read_target
@@ -36,12 +36,11 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     if adapted and _lora_config(step_dir).get("base_dtype") == "nf4":
         model.update({f"{module}.weight": nf4_read_target(names[f"{module}.weight"].size) for module in adapted})
     state = {"model": model}
-    with warnings.catch_warnings():   # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        try:
+    try:
+        with single_process_understood():
             dcp.load(state, storage_reader=reader, planner=RestrictedLoadPlanner(), no_dist=True)
-        except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
-            raise first_failure(e) from None
+    except CheckpointException as e:     # a BaseException: raise what the read ran into (a missing file)
+        raise first_failure(e) from None
     return {name: dequantized(t, torch.float32) for name, t in state["model"].items()}
 
 
