@@ -88,6 +88,7 @@ def _from_checkpoint(path: str):
     from framework.models.spec import spec_for
     meta = read_meta(path)
     cfg = OmegaConf.load(os.path.join(path, CONFIG))
+    _only_a_model_class(cfg.model, os.path.join(path, CONFIG))
     spec = spec_for(cfg.model)
     model = _built(spec, cfg.model)
     c = cfg.get("lora")
@@ -96,6 +97,35 @@ def _from_checkpoint(path: str):
         lora.apply_lora(model, names, c.rank, c.alpha, c.dropout, c.dora)
     model.load_state_dict(READERS[meta["format"]](path))
     return model, of_checkpoint(path, cfg.data)
+
+
+def _only_a_model_class(model_cfg, where: str) -> None:
+    """A checkpoint's model section may name the torch module class to build, and nothing else to call: Hydra
+    calls every `_target_` in it with its keys as arguments (subprocess.Popen as well as the model)."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+    from torch import nn
+    model = OmegaConf.to_container(model_cfg, resolve=False)
+
+    def nested(node, at: str):
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in children:
+            if key == "_target_" and at:
+                return at
+            found = nested(value, f"{at}.{key}" if at else str(key))
+            if found:
+                return found
+        return None
+    inner = nested({k: v for k, v in model.items() if k != "_target_"}, "")
+    if inner:
+        raise GenerateError(f"{where}: model.{inner} names a _target_ to call; a checkpoint's model section names "
+                            f"one model class")
+    try:
+        cls = get_class(str(model.get("_target_")))
+    except Exception:
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise GenerateError(f"{where}: model._target_={model.get('_target_')} is not a torch module class")
 
 
 def load(path: str):

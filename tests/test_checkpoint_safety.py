@@ -305,3 +305,21 @@ def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, in_s3, tm
               f"{url}/state/__0_0.distcp: refuses to unpickle posix.system")
     assert not canary.exists() and not (tmp_path / "hf").exists()
 
+
+def test_generation_builds_only_a_model_class_from_a_checkpoints_config(single, tmp_path, capsys):
+    """generate builds the model its checkpoint's config.yaml names, through Hydra, which calls any _target_
+    (logging.FileHandler creates the file it is given: the canary)."""
+    from omegaconf import OmegaConf
+    canary = tmp_path / "canary"
+    handler = {"_target_": "logging.FileHandler", "filename": str(canary)}
+    for name, edit, says in (
+            ("top", lambda cfg: cfg.update(model=handler), "model._target_=logging.FileHandler is not a torch module"),
+            ("nested", lambda cfg: cfg["model"].update(norm=handler), "model.norm names a _target_ to call")):
+        step = copied(single, tmp_path / name)
+        cfg = OmegaConf.to_container(OmegaConf.load(step / "config.yaml"))
+        edit(cfg)
+        OmegaConf.save(OmegaConf.create(cfg), step / "config.yaml")
+        payloads.rewrite_manifest(step)
+        proc = generate_here(capsys, step)
+        one_error(proc.returncode, proc.stderr, f"{step / 'config.yaml'}: {says}")
+        assert not canary.exists(), name
