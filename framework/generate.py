@@ -81,12 +81,15 @@ def _from_export(path: str):
 def _from_checkpoint(path: str):
     from omegaconf import OmegaConf
 
-    from framework.checkpoint.manager import CONFIG, read_meta
+    from framework.checkpoint.manager import CONFIG, damage, read_meta
     from framework.data.tokenizer import of_checkpoint
     from framework.export.read import READERS
     from framework.models import lora
     from framework.models.spec import spec_for
     meta = read_meta(path)
+    found = damage(path)       # with FRAMEWORK_CHECKPOINT_KEY set, the signature and every file's SHA-256
+    if found is not None:
+        raise GenerateError(f"refusing {path}: {found}")
     cfg = OmegaConf.load(os.path.join(path, CONFIG))
     _only_a_model_class(cfg.model, os.path.join(path, CONFIG))
     spec = spec_for(cfg.model)
@@ -131,6 +134,7 @@ def _only_a_model_class(model_cfg, where: str) -> None:
 def load(path: str):
     """(model in eval mode, tokenizer) from a checkpoint step dir or an export dir."""
     from framework.checkpoint.manager import CheckpointError
+    from framework.checkpoint.signing import SigningKeyError
     from framework.checkpoint.unpickle import UnsafeCheckpointError
     from framework.data.tokenizer import TokenizerError
     try:
@@ -140,7 +144,7 @@ def load(path: str):
             model, tok = _from_export(path)
         else:
             raise GenerateError(f"{path} is neither a checkpoint step dir (meta.json) nor an export dir (config.json)")
-    except (CheckpointError, TokenizerError, UnsafeCheckpointError) as e:
+    except (CheckpointError, TokenizerError, UnsafeCheckpointError, SigningKeyError) as e:
         raise GenerateError(str(e)) from None
     if tok is None:
         raise GenerateError(f"{path} records no tokenizer; train with data.tokenizer=/path/to/tokenizer.json")

@@ -9,6 +9,7 @@ import os
 import pickle
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -135,3 +136,34 @@ def rewrite_manifest(step_dir: Path) -> None:
     meta["files"] = build_manifest(str(step_dir), skip=("meta.json",))
     meta.pop("signature", None)
     (step_dir / "meta.json").write_text(json.dumps(meta))
+
+
+# ---- CRC-32 forging ---------------------------------------------------------------------------------------
+
+_TABLE = []
+for _i in range(256):
+    _c = _i
+    for _ in range(8):
+        _c = (_c >> 1) ^ 0xEDB88320 if _c & 1 else _c >> 1
+    _TABLE.append(_c)
+_BY_TOP_BYTE = {c >> 24: i for i, c in enumerate(_TABLE)}
+
+
+def flip_keeping_crc(data: bytes, position: int) -> bytes:
+    """`data` with the byte at `position` changed and the four after it chosen so that its CRC-32 (and size)
+    stay the same: CRC-32 is linear, so four free bytes reach any value."""
+    changed = bytearray(data)
+    changed[position] ^= 0xFF
+    start, end = position + 1, position + 5
+    state = zlib.crc32(bytes(changed[:start])) ^ 0xFFFFFFFF          # the register before the free bytes
+    wanted = zlib.crc32(data[:end]) ^ 0xFFFFFFFF                      # the register the original had after them
+    indices, register = [], wanted
+    for _ in range(4):
+        index = _BY_TOP_BYTE[register >> 24]
+        indices.append(index)
+        register = ((register ^ _TABLE[index]) << 8) & 0xFFFFFFFF
+    for offset, index in enumerate(reversed(indices)):
+        changed[start + offset] = (state ^ index) & 0xFF
+        state = (state >> 8) ^ _TABLE[index]
+    assert zlib.crc32(bytes(changed)) == zlib.crc32(data) and changed != bytearray(data)
+    return bytes(changed)

@@ -17,6 +17,7 @@ from framework.checkpoint.dcp_reader import check_metadata as check_dcp_metadata
 from framework.checkpoint.deepspeed_files import check_deepspeed_files
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, read_rng, resolve_resume)
+from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
 from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.cluster.engines import workers_here
 from framework.errors import ConfigError
@@ -299,6 +300,10 @@ def validate_storage(cfg, strategy_cls, probe: bool) -> None:
 
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
+    try:
+        signing_key()
+    except SigningKeyError as e:
+        raise ConfigError(KEY_ENV, e.reason) from None
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"must be in 1..trainer.max_steps={t.max_steps}, got {t.stop_at_step}")
     if c.async_save and not strategy_cls.supports_async_save:
