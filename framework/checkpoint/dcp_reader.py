@@ -5,9 +5,10 @@ DCP reads three kinds of pickle: its `.metadata` (plain pickle.load), each tenso
 and each non-tensor entry (optimizer hyper-parameters: torch.load with weights_only=False, in
 DefaultLoadPlanner.load_bytes). Here the reader's `read_metadata` parses `.metadata` once with the exact
 allowlist and keeps what it parsed, so the bytes checked are the bytes used (no check, then a second read);
-`read_data` reads the tensors file by file with the exact extra tensor classes a checkpoint may hold, so a
+`read_data` reads the tensors file by file, weights only, with the exact tensor classes the state being loaded
+holds besides plain tensors (a QLoRA base's NF4Tensor: what the checkpoint of such a model holds too), so a
 refusal names its file; and the planner's `load_bytes` reads the non-tensor entries weights only. Every
-dcp.load of the package goes through `reader` and `planner`.
+dcp.load of the package goes through `reader` and RestrictedLoadPlanner.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from torch.futures import Future
 
 from framework import storage
 from framework.checkpoint.unpickle import UnsafeCheckpointError, load_pickle, load_torch, weights_only_refusal
-from framework.models.lora import pickled_base_classes
 
 METADATA = ".metadata"   # the file DCP writes its metadata to, in the state dir
 
@@ -53,10 +53,11 @@ class _Restricted:
         files: dict[str, list] = {}
         for item in plan.items:
             files.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        classes = planner.tensor_classes() if isinstance(planner, RestrictedLoadPlanner) else []
         for relative_path, items in files.items():
             where = storage.join(self.where, relative_path)
             try:
-                with torch.serialization.safe_globals(pickled_base_classes()):
+                with torch.serialization.safe_globals(classes):
                     super().read_data(dataclasses.replace(plan, items=items), planner).wait()
             except pickle.UnpicklingError as e:      # a tensor: torch's weights-only load refused it
                 raise UnsafeCheckpointError(f"{where}: {weights_only_refusal(str(e))}") from None
@@ -86,6 +87,13 @@ def reader(path: str):
 class RestrictedLoadPlanner(DefaultLoadPlanner):
     """DefaultLoadPlanner, reading each non-tensor entry weights only (torch's own reads it with
     weights_only=False)."""
+
+    def tensor_classes(self) -> list[type]:
+        """The classes of the state's tensors other than plain tensors and parameters: the exact classes its
+        entries may be pickled as (set up by DCP before any read)."""
+        plain = (torch.Tensor, torch.nn.Parameter)
+        return sorted({type(t) for t in self.state_dict.values() if torch.is_tensor(t) and type(t) not in plain},
+                      key=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
 
     def load_bytes(self, read_item, value) -> None:
         fqn = read_item.dest_index.fqn

@@ -13,8 +13,6 @@ from hydra.utils import get_class
 from omegaconf import OmegaConf
 
 from framework import determinism, storage
-from framework.checkpoint.dcp_reader import check_metadata as check_dcp_metadata
-from framework.checkpoint.deepspeed_files import check_deepspeed_files
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, read_rng, resolve_resume)
 from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
@@ -332,6 +330,9 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
             return
         check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
+        # here, not at the top: torch.distributed.checkpoint takes ~1 s to import, and only a resume needs it
+        from framework.checkpoint.dcp_reader import check_metadata as check_dcp_metadata
+        from framework.checkpoint.deepspeed_files import check_deepspeed_files
         if meta["format"] == "dcp":
             check_dcp_metadata(storage.join(path, STATE))
         elif meta["format"] == "deepspeed":
