@@ -26,6 +26,7 @@ from tests.servers import make_bucket, refused
 
 STEP = "step_00000004"
 QLORA = ("parallel=single", "lora.enabled=true", "lora.rank=4", "lora.base_dtype=nf4")
+FLOAT8_LORA = ("parallel=single", "lora.enabled=true", "lora.rank=4", "lora.base_dtype=float8")
 
 
 @pytest.fixture(scope="module")
@@ -262,6 +263,30 @@ def test_a_qlora_checkpoint_resumes_and_exports_and_a_payload_in_its_nf4_weight_
     one_error(proc.returncode, proc.stderr, f"{shard}: refuses to unpickle posix.system")
     assert not canary.exists()
 
+
+
+def test_a_float8_lora_checkpoint_exports_the_values_it_stores(trained_run, tmp_path):
+    """Its base weights are torchao Float8Tensors, read (weights only, that class added) into targets of their
+    own kind: the export holds what torch's own DCP load puts into the model as the run stores it."""
+    from omegaconf import OmegaConf
+
+    from framework.export.read import read_dcp
+    from framework.models import lora
+    from framework.models.spec import spec_for
+    step = trained_run(*FLOAT8_LORA) / "checkpoints" / STEP
+    cfg = OmegaConf.load(step / "config.yaml")
+    spec = spec_for(cfg.model)
+    model = spec.build(cfg.model)
+    names = lora.target_linears(model, spec.block_classes(model), cfg.lora.targets, spec.lora_skip())
+    lora.apply_lora(model, names, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.dora)
+    lora.store_base(model, "float8")
+    stored = type(model.get_submodule(names[0]).weight)
+    with torch.serialization.safe_globals([stored]):
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(step / "state"), no_dist=True)
+    exported = read_dcp(str(step))
+    assert stored.__name__ == "Float8Tensor" and names
+    for name in names:
+        assert torch.equal(exported[f"{name}.weight"], model.get_submodule(name).weight.dequantize().float()), name
 
 # ---- in a bucket --------------------------------------------------------------------------------------------
 

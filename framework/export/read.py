@@ -17,7 +17,7 @@ from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure
 from framework.checkpoint.dcp_state import single_process_understood
 from framework.checkpoint.deepspeed_files import check_deepspeed_files, deepspeed_loads_restricted, load_deepspeed_file
 from framework.checkpoint.manager import CONFIG, STATE
-from framework.models.lora import dequantized, nf4_read_target
+from framework.models.lora import base_read_target, dequantized
 
 MODEL_PREFIX = "model."
 
@@ -31,10 +31,13 @@ def read_dcp(step_dir: str) -> dict[str, torch.Tensor]:
     names = {key[len(MODEL_PREFIX):]: meta for key, meta in entries.items()
              if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
     model = {name: torch.empty(meta.size, dtype=meta.properties.dtype) for name, meta in names.items()}
-    # a LoRA run's frozen base weights may be stored as NF4, which reads only into its own class
+    # a LoRA run's frozen base weights may be stored as NF4 or float8, which read only into their own class
     adapted = {name[:-len(".lora_A")] for name in names if name.endswith(".lora_A")}
-    if adapted and _lora_config(step_dir).get("base_dtype") == "nf4":
-        model.update({f"{module}.weight": nf4_read_target(names[f"{module}.weight"].size) for module in adapted})
+    base_dtype = _lora_config(step_dir).get("base_dtype") if adapted else None
+    for module in adapted:
+        target = base_read_target(names[f"{module}.weight"].size, base_dtype)
+        if target is not None:
+            model[f"{module}.weight"] = target
     state = {"model": model}
     try:
         with single_process_understood():
