@@ -290,6 +290,12 @@ def test_a_float8_lora_checkpoint_exports_the_values_it_stores(trained_run, tmp_
 
 # ---- in a bucket --------------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def bucket(s3_env) -> str:
+    """Made before any test captures stderr: the S3 server's request log binds the stream it first meets."""
+    return make_bucket(s3_env, "payloads")
+
+
 @pytest.fixture
 def in_s3(s3_env, monkeypatch):
     for key, value in s3_env.items():
@@ -302,9 +308,9 @@ def _to_bucket(step: Path, url: str) -> None:
         storage.write_bytes(f"{url}/{path.relative_to(step)}", path.read_bytes())
 
 
-def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, in_s3, tmp_path, capsys, compose_config):
+def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, bucket, in_s3, tmp_path, capsys,
+                                                               compose_config):
     canary = tmp_path / "canary"
-    bucket = make_bucket(in_s3, "payloads")
     metadata = copied(single, tmp_path / "metadata")
     (metadata / "state" / ".metadata").write_bytes(
         payloads.plain_pickles(payloads.touch(canary))["stack-global-torch.os.system"])
