@@ -92,12 +92,15 @@ def _from_export(path: str, trust_code: bool):
 def _from_checkpoint(path: str, trust_code: bool):
     """The checkpoint's model, from its config read as data (framework/config/saved.py); a LoRA run's adapters on
     a float32 base, as the exporter merges them."""
-    from framework.checkpoint.manager import CONFIG, read_meta
+    from framework.checkpoint.manager import CONFIG, damage, read_meta
     from framework.config.saved import read_saved_config
     from framework.data.tokenizer import of_checkpoint
     from framework.export.read import READERS
     from framework.models import lora
     meta = read_meta(path)
+    found = damage(path)       # with FRAMEWORK_CHECKPOINT_KEY set, the signature and every file's SHA-256
+    if found is not None:
+        raise GenerateError(f"refusing {path}: {found}")
     saved = read_saved_config(path, trust_code)
     if meta.get("format") not in READERS:
         raise GenerateError(f"{path} has state format {meta.get('format')!r}; generate reads {' and '.join(READERS)}")
@@ -114,7 +117,8 @@ def load(path: str, trust_code: bool = False):
     """(model in eval mode, tokenizer) from a checkpoint step dir or an export dir. `trust_code`: a class the
     checkpoint's config names may be imported (TRUST_FLAG)."""
     from framework.checkpoint.manager import CheckpointError
-    from framework.checkpoint.safety import UnsafeCheckpointError
+    from framework.checkpoint.signing import SigningKeyError
+    from framework.checkpoint.unpickle import UnsafeCheckpointError
     from framework.config.saved import SavedConfigError
     from framework.data.tokenizer import TokenizerError
     from framework.models.hf_files import LayoutError
@@ -125,7 +129,8 @@ def load(path: str, trust_code: bool = False):
             model, tok = _from_export(path, trust_code)
         else:
             raise GenerateError(f"{path} is neither a checkpoint step dir (meta.json) nor an export dir (config.json)")
-    except (CheckpointError, TokenizerError, SavedConfigError, UnsafeCheckpointError, LayoutError) as e:
+    except (CheckpointError, TokenizerError, SavedConfigError, UnsafeCheckpointError, SigningKeyError,
+            LayoutError) as e:
         raise GenerateError(str(e)) from None
     if tok is None:
         raise GenerateError(f"{path} records no tokenizer; train with data.tokenizer=/path/to/tokenizer.json")

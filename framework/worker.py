@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from framework import determinism, exit_codes, storage
-from framework.checkpoint.manager import META, checkpoint_dir, step_dir_name
+from framework.checkpoint.manager import META, ResumeRefused, checkpoint_dir, step_dir_name
 from framework.metrics.gpu_health import GpuFault
 from framework.metrics.trackers.base import TrackerError
 from framework.preemption import Preempted, pass_on, report_requeue, signal_number
@@ -25,6 +25,8 @@ from framework.strategies.registry import strategy_class
 from framework.trainer import Trainer
 
 PR_SET_PDEATHSIG = 1
+#: the key a worker's refusal of the checkpoint it resumes is reported under (exit code USAGE)
+REFUSED_RESUME = "checkpoint.resume"
 PEER_FAILURE_GRACE_S = 2.0
 
 
@@ -35,11 +37,13 @@ def _peer_failure(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection reset", "timed out"))
 
 
-def run_worker(cfg, run_dir: str, on_record=None) -> None:
-    """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them)."""
+def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) -> None:
+    """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them).
+    `says_refusals`: rank 0 prints the `error:` line of a checkpoint it refuses as it loads it (a worker that
+    the launcher spawned leaves that line to the launcher, which prints it once whichever rank refused)."""
     set_storage_timeout(cfg.checkpoint.storage_timeout_s)
     with determinism.applied(cfg), collecting_only_what_the_run_makes():
-        _run(cfg, run_dir, on_record)
+        _run(cfg, run_dir, on_record, says_refusals)
 
 
 @contextlib.contextmanager
@@ -60,7 +64,7 @@ def collecting_only_what_the_run_makes():
             gc.unfreeze()
 
 
-def _run(cfg, run_dir: str, on_record) -> None:
+def _run(cfg, run_dir: str, on_record, says_refusals: bool) -> None:
     strategy = strategy_class(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:
@@ -83,6 +87,13 @@ def _run(cfg, run_dir: str, on_record) -> None:
         ErrorHandler().record_exception(e)
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except ResumeRefused as e:
+        # A rank that read a file it refused (DeepSpeed: its own optimizer partition, which its peers never read)
+        # exits at once: the peers may be waiting for it in a collective, and teardown would wait for them.
+        ErrorHandler().record_exception(e)
+        if strategy.is_main and says_refusals:
+            print(f"error: {REFUSED_RESUME}: {e}", file=sys.stderr, flush=True)
+        sys.exit(exit_codes.USAGE)
     except (GpuFault, OutOfMemoryAtOneSequence) as e:
         # every rank read the same gathered counts, or the same agreed report, and stopped at the same step.
         # Each records it for the launcher first: the first rank to exit gets its peers killed, the main one too.
@@ -134,7 +145,7 @@ def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     # launcher.stop_grace_s, 180 s, before its SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     die_with_parent(launcher_pid)
-    run_worker(cfg, run_dir)
+    run_worker(cfg, run_dir, says_refusals=False)
 
 
 def worker_entry(run_dir: str, config_yaml: str, launcher_pid: int) -> None:

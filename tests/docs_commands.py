@@ -46,6 +46,7 @@ RUN_BY = [
 
 #: page -> the test file that runs every command on it, in page order (its commands build on each other)
 PAGES = {
+    "docs/concepts/checkpoints.md": "tests/test_checkpoint_signing.py",
     "docs/how-to/fine-tuning.md": "tests/test_docs_fine_tuning.py",
     "docs/how-to/moe.md": "tests/test_how_to_moe.py",
     "docs/how-to/object-storage.md": "tests/test_docs_object_storage.py",

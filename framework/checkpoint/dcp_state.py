@@ -6,15 +6,19 @@ DCP gives every rank the slices its own shards need.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from framework import storage
-from framework.checkpoint.safety import check_dcp_metadata
+from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure, reader
 from framework.checkpoint.staging import ReusedStager
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 
 EXTRA = "extra.json"
 # One key per parameter for optimizer states and hyper-parameters too: ranks that hold different
@@ -31,11 +35,21 @@ def writer(path: str):
     return dcp.FileSystemWriter(path)
 
 
-def reader(path: str):
-    if storage.is_url(path):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-        return FsspecReader(path)
-    return dcp.FileSystemReader(path)
+# What DCP warns at every save and load without a process group (with no_dist, which asks for exactly that);
+# the warning's frame is DCP's decorator, so `return func(*args, **kwargs)` was printed after it.
+SINGLE_PROCESS_WARNING = (r"torch\.distributed is disabled, unavailable or uninitialized, assuming the intent is to "
+                          r"(save|load) in a single process")
+
+
+@contextlib.contextmanager
+def single_process_understood():
+    """DCP's calls without a process group, less its warning that they have none (that one only)."""
+    if dist.is_initialized():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SINGLE_PROCESS_WARNING, category=UserWarning)
+        yield
 
 
 def save(path: str, model, optimizer, scheduler, precision, background: bool = False, group=None,
@@ -48,18 +62,28 @@ def save(path: str, model, optimizer, scheduler, precision, background: bool = F
         storage.makedirs(path)
         storage.write_text(storage.join(path, EXTRA),
                            json.dumps({"scheduler": scheduler.state_dict(), "precision": precision.state_dict()}))
-    if background:
-        return dcp.async_save(state, storage_writer=writer(path), process_group=group,
-                              no_dist=not dist.is_initialized(), async_stager=stager)
-    dcp.save(state, storage_writer=writer(path), no_dist=not dist.is_initialized())
+    with single_process_understood():
+        if background:
+            return dcp.async_save(state, storage_writer=writer(path), process_group=group,
+                                  no_dist=not dist.is_initialized(), async_stager=stager)
+        dcp.save(state, storage_writer=writer(path), no_dist=not dist.is_initialized())
     return None
 
 
 def load(path: str, model, optimizer, scheduler, precision) -> None:
-    check_dcp_metadata(path)
+    """Restore the state; a file that would run code is refused (UnsafeCheckpointError) on every rank."""
+    state_reader = reader(path)
+    state_reader.read_metadata()      # refused here, before DCP, which would log a traceback and look further
     model_sd, optim_sd = get_state_dict(model, optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, storage_reader=reader(path), no_dist=not dist.is_initialized())
+    try:
+        with single_process_understood():
+            dcp.load(state, storage_reader=state_reader, planner=RestrictedLoadPlanner(),
+                     no_dist=not dist.is_initialized())
+    except CheckpointException as e:    # every rank gets every rank's failures
+        if isinstance(first_failure(e), UnsafeCheckpointError):
+            raise first_failure(e) from None
+        raise
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=OPTIONS)
     extra = json.loads(storage.read_text(storage.join(path, EXTRA)))

@@ -3,7 +3,8 @@ compatibility checks.
 
     <checkpoint.dir>/step_00000008/
         meta.json         written last: its presence marks the checkpoint complete; "files" holds the
-                          size and CRC-32 of every other file, checked before a load
+                          size and CRC-32 of every other file, checked before a load (signed, with
+                          FRAMEWORK_CHECKPOINT_KEY set: their SHA-256 too, and meta.json's signature)
         config.yaml       the resolved config of the run that saved it
         trainer.json      step (= data position: batches depend only on seed and step)
         state/            the strategy's own state (DCP shards, or DeepSpeed's engine files)
@@ -33,9 +34,10 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from framework import faults, storage
-from framework.checkpoint.manifest import first_damage, shared_manifest
+from framework.checkpoint.manifest import first_damage, shared_first_damage, shared_manifest
 from framework.checkpoint.retention import Saved, kept_steps, score_of
-from framework.checkpoint.safety import load_tensors_only
+from framework.checkpoint.signing import signature_problem, signed, signing_key
+from framework.checkpoint.unpickle import UnsafeCheckpointError, load_torch
 from framework.data import tokenizer
 from framework.redact import redacted_yaml
 
@@ -46,6 +48,11 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used by this run; reported as a configuration error."""
+
+
+class ResumeRefused(CheckpointError):
+    """A worker's load found the checkpoint unsafe or not the signed one (the launching process checks it
+    first: a file changed since, or no launching process checked it)."""
 
 
 def checkpoint_dir(cfg, run_dir: str) -> str:
@@ -119,10 +126,19 @@ def check_compatible(path: str, cfg, strategy_format: str) -> dict:
     return meta
 
 
-def damage(path: str) -> str | None:
+def damage(path: str, shared: bool = False) -> str | None:
     """What is wrong with the first of a checkpoint's files that differs from its manifest (None: all
-    match, or a checkpoint saved before manifests)."""
-    manifest = read_meta(path).get("files")
+    match, or a checkpoint saved before manifests). With FRAMEWORK_CHECKPOINT_KEY set: meta.json's signature,
+    then every file by its signed SHA-256. `shared`: every rank of the process group reads its share of the
+    files (a collective). Raises signing.SigningKeyError for a key that is set but unusable."""
+    meta, key = read_meta(path), signing_key()
+    if key is not None:
+        problem = signature_problem(meta, key)
+        if problem is not None:
+            return f"{storage.join(path, META)} {problem}"
+        return (shared_first_damage if shared else first_damage)(path, meta.get("files") or {}, signed=True,
+                                                                  unlisted=(META,))
+    manifest = meta.get("files")
     return first_damage(path, manifest) if manifest is not None else None
 
 
@@ -254,13 +270,14 @@ class CheckpointManager:
             _write_json(storage.join(target, TRAINER), {"step": step})
             storage.write_text(storage.join(target, CONFIG), redacted_yaml(self.cfg))
             tokenizer.record_in(self.cfg.data, target)
-        files = shared_manifest(target, skip=(META,))    # every rank checksums its share
+        key = signing_key()
+        files = shared_manifest(target, skip=(META,), sha256=key is not None)    # every rank checksums its share
         if _rank() == 0:
-            _write_json(storage.join(target, META), {
-                "version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
-                "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
-                "fingerprint": fingerprint(self.cfg), "files": files,
-                "score": {self.cfg.checkpoint.score: score} if score is not None else {}})
+            meta = {"version": FORMAT_VERSION, "step": step, "format": self.strategy.checkpoint_format,
+                    "parallel": self.cfg.parallel.name, "world_size": self.strategy.world_size,
+                    "fingerprint": fingerprint(self.cfg), "files": files,
+                    "score": {self.cfg.checkpoint.score: score} if score is not None else {}}
+            _write_json(storage.join(target, META), signed(meta, key) if key is not None else meta)
             if not self.in_place:
                 self._commit(target, final)
             self._prune()
@@ -286,13 +303,24 @@ class CheckpointManager:
                 storage.remove_tree(path, first=META)
 
     def load(self, path: str) -> int:
-        """Restore the strategy and RNG states; return the step to continue from."""
-        self.strategy.load_checkpoint(storage.join(path, STATE))
-        meta = read_meta(path)
-        rng_file = storage.join(path, RNG, f"rank_{_rank():05d}.pt")
-        if meta["world_size"] == self.strategy.world_size and storage.exists(rng_file):
-            set_rng_state(load_tensors_only(rng_file))
+        """Restore the strategy and RNG states; return the step to continue from. A signed checkpoint is
+        verified first (every rank its share of the files), when FRAMEWORK_CHECKPOINT_KEY is set."""
+        if signing_key() is not None and (found := damage(path, shared=True)) is not None:
+            raise ResumeRefused(f"refusing {path}: {found}")
+        try:
+            self.strategy.load_checkpoint(storage.join(path, STATE))
+            meta = read_meta(path)
+            rng_file = storage.join(path, RNG, f"rank_{_rank():05d}.pt")
+            if meta["world_size"] == self.strategy.world_size and storage.exists(rng_file):
+                set_rng_state(read_rng(rng_file))
+        except UnsafeCheckpointError as e:
+            raise ResumeRefused(str(e)) from None
         return int(json.loads(storage.read_text(storage.join(path, TRAINER)))["step"])
+
+
+def read_rng(path: str) -> dict:
+    """A rank's RNG states as saved (tensors only: anything else is refused)."""
+    return load_torch(storage.read_bytes(path), path)
 
 
 def rng_state() -> dict:

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 
 from framework import determinism, storage
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
-                                         completed_checkpoint, resolve_resume)
+                                         completed_checkpoint, read_rng, resolve_resume)
+from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.cluster.engines import workers_here
-from framework.checkpoint.safety import (UnsafeCheckpointError, check_dcp_metadata, check_deepspeed_files,
-                                         load_tensors_only)
 from framework.errors import ConfigError, MissingExtra, installed
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
@@ -353,6 +353,10 @@ def validate_storage(cfg, strategy_cls, probe: bool) -> None:
 
 def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
     c, t = cfg.checkpoint, cfg.trainer
+    try:
+        signing_key()
+    except SigningKeyError as e:
+        raise ConfigError(KEY_ENV, e.reason) from None
     if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
         raise ConfigError("trainer.stop_at_step", f"must be in 1..trainer.max_steps={t.max_steps}, got {t.stop_at_step}")
     if c.async_save and not strategy_cls.supports_async_save:
@@ -382,12 +386,15 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
             return
         check_intact(path)
         meta = check_compatible(path, cfg, strategy_cls.checkpoint_format)
+        # here, not at the top: torch.distributed.checkpoint takes ~1 s to import, and only a resume needs it
+        from framework.checkpoint.dcp_reader import check_metadata as check_dcp_metadata
+        from framework.checkpoint.deepspeed_files import check_deepspeed_files
         if meta["format"] == "dcp":
             check_dcp_metadata(storage.join(path, STATE))
         elif meta["format"] == "deepspeed":
             check_deepspeed_files(os.path.join(path, STATE))
         for name in storage.listdir(storage.join(path, RNG)):
-            load_tensors_only(storage.join(path, RNG, name))
+            read_rng(storage.join(path, RNG, name))
     except (CheckpointError, UnsafeCheckpointError, OSError) as e:
         raise ConfigError("checkpoint.resume", str(e)) from None
     if meta["step"] >= t.max_steps and path != completed_checkpoint(cfg, run_dir):

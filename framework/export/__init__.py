@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 
 from framework import storage
 from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
-from framework.checkpoint.safety import UnsafeCheckpointError
+from framework.checkpoint.signing import SigningKeyError
+from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.config.saved import SavedConfig, SavedConfigError, read_saved_config
 from framework.data import tokenizer as tokenizers_
 from framework.export import adapter as adapters_
@@ -73,7 +74,7 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
     try:
         meta = read_meta(step_dir)
         found = damage(step_dir)
-    except CheckpointError as e:
+    except (CheckpointError, SigningKeyError) as e:
         raise ExportError(str(e)) from None
     except OSError as e:     # a bucket that is not there, an endpoint that does not answer
         raise ExportError(f"{step_dir}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

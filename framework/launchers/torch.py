@@ -145,7 +145,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from framework.launchers.rendezvous_events import name_events_cheaply
-    from framework.worker import worker_entry
+    from framework.worker import REFUSED_RESUME, worker_entry
 
     name_events_cheaply()
     rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
@@ -189,11 +189,20 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
         rank, failure = e.get_first_failure()
         if failure.exitcode == exit_codes.REQUEUE:     # the signal reached the workers only
             stopped_by_preemption(cfg, run_dir, "a preemption signal to the workers", started)
+        if failure.exitcode == exit_codes.USAGE:       # a checkpoint a worker refused as it read it
+            print(f"error: {REFUSED_RESUME}: {recorded_message(failure)}", file=sys.stderr)
+            sys.exit(exit_codes.USAGE)
         attempts = cfg.launcher.max_restarts + 1
         print(f"error: worker rank {rank} {redacted(describe_failure(failure))} "
               f"({attempts} attempt{'s' if attempts > 1 else ''}, launcher.max_restarts={cfg.launcher.max_restarts})",
               file=sys.stderr)
         sys.exit(exit_codes.GPU_FAULT if failure.exitcode == exit_codes.GPU_FAULT else 1)
+
+
+def recorded_message(failure) -> str:
+    """The message of the exception a worker recorded, less its type ("ResumeRefused: ...")."""
+    message = failure.message.get("message") if isinstance(failure.message, dict) else failure.message
+    return (message or "").strip().partition(": ")[2] or "see its output above"
 
 
 def describe_failure(failure) -> str:

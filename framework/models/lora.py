@@ -178,11 +178,7 @@ def store_base(model: nn.Module, base_dtype: str) -> None:
         elif base_dtype == "nf4":
             stored = _nf4(w)
         else:
-            from torchao.quantization import Float8WeightOnlyConfig, quantize_
-            holder = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device)
-            holder.weight.data.copy_(w)
-            quantize_(holder, Float8WeightOnlyConfig())
-            stored = holder.weight.detach()
+            stored = _float8(w)
         module.weight = nn.Parameter(stored, requires_grad=False)
 
 
@@ -191,10 +187,21 @@ def _nf4(w: torch.Tensor) -> torch.Tensor:
     return to_nf4(w.float(), *nf4_blocks(w.numel()))
 
 
-def nf4_read_target(shape) -> torch.Tensor:
-    """A tensor of `shape` that a checkpoint's NF4-stored base weight reads into: an NF4Tensor copies only into
-    another of the same blocks (its values are overwritten; ones keep the quantisation's scales finite)."""
-    return _nf4(torch.ones(shape))
+@torch.no_grad()
+def _float8(w: torch.Tensor) -> torch.Tensor:
+    from torchao.quantization import Float8WeightOnlyConfig, quantize_
+    holder = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device)
+    holder.weight.data.copy_(w)
+    quantize_(holder, Float8WeightOnlyConfig())
+    return holder.weight.detach()
+
+
+def base_read_target(shape, base_dtype: str) -> torch.Tensor | None:
+    """A tensor of `shape` that a checkpoint's base weight stored in `base_dtype` reads into, where that is a
+    tensor subclass copying only into another of its kind (NF4 of the same blocks, float8): its values are
+    overwritten (ones keep the quantisation's scales finite). None where the stored weight is a plain tensor."""
+    quantized = {"nf4": _nf4, "float8": _float8}.get(base_dtype)
+    return quantized(torch.ones(shape)) if quantized else None
 
 
 def nf4_blocks(numel: int) -> tuple[int, int]:

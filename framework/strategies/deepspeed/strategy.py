@@ -26,6 +26,7 @@ from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
 from framework.strategies.deepspeed.options import DeepSpeedOptions
+from framework.strategies.deepspeed.restricted_load import restricted_engine_load
 from framework.world import OPEN_CPU_WORKERS
 
 
@@ -291,8 +292,9 @@ class DeepSpeedStrategy(Strategy):
 
     def load_checkpoint(self, path: str) -> None:
         parent, tag = os.path.split(os.path.abspath(path))
-        loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
-                                                load_lr_scheduler_states=True)
+        with restricted_engine_load(self.engine):
+            loaded, _ = self.engine.load_checkpoint(parent, tag=tag, load_optimizer_states=True,
+                                                    load_lr_scheduler_states=True)
         if loaded is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint in {path}")
 
