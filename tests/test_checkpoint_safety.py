@@ -338,14 +338,15 @@ def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, bucket, i
 
 
 def test_generation_builds_only_a_model_class_from_a_checkpoints_config(single, tmp_path, capsys):
-    """generate builds the model its checkpoint's config.yaml names, through Hydra, which calls any _target_
-    (logging.FileHandler creates the file it is given: the canary)."""
+    """generate builds only a framework model class from its checkpoint's config.yaml (framework/config/saved.py),
+    whatever the manifest says: Hydra would call any _target_ (logging.FileHandler creates the file it is given:
+    the canary)."""
     from omegaconf import OmegaConf
     canary = tmp_path / "canary"
     handler = {"_target_": "logging.FileHandler", "filename": str(canary)}
     for name, edit, says in (
-            ("top", lambda cfg: cfg.update(model=handler), "model._target_=logging.FileHandler is not a torch module"),
-            ("nested", lambda cfg: cfg["model"].update(norm=handler), "model.norm names a _target_ to call")):
+            ("top", lambda cfg: cfg.update(model=handler), "model._target_: 'logging.FileHandler' is not one of the framework's classes"),
+            ("nested", lambda cfg: cfg["model"].update(norm=handler), "model.norm._target_: Hydra's _target_ is refused here")):
         step = copied(single, tmp_path / name)
         cfg = OmegaConf.to_container(OmegaConf.load(step / "config.yaml"))
         edit(cfg)

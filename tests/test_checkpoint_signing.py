@@ -17,7 +17,7 @@ import pytest
 from framework.checkpoint.manager import damage
 from framework.checkpoint.signing import KEY_ENV
 from tests import payloads
-from tests.docs_commands import run_by
+from tests.docs_commands import environment, run_by
 from tests.helpers import FAST, check_ok, run_framework
 from tests.test_checkpoint_safety import export_here, generate_here, one_error, resume_checked
 
@@ -31,12 +31,12 @@ def signed(tmp_path_factory):
     """The page's commands, run in a fresh directory with the key set: (that directory, the signed step dir,
     everything the commands printed)."""
     cwd = tmp_path_factory.mktemp("signing")
-    save, resume, export = (c.text for c in run_by(__file__))
+    save, resume, export = run_by(__file__)
     printed = []
     for command, steps in ((save, 2), (resume, 3), (export, None)):
-        module, *args = command.split()[2:]
+        module, *args = command.text.split()[2:]
         proc = run_framework([*args, *([f"trainer.max_steps={steps}"] if steps else [])], module=module, cwd=cwd,
-                             env={KEY_ENV: KEY}, timeout=600)
+                             env={KEY_ENV: KEY, **environment(command)}, timeout=600)
         check_ok(proc)
         printed.append(proc.stdout + proc.stderr)
     assert "resuming from ./signed/step_00000002" in printed[1] and "wrote ./signed-hf from ./signed/step_00000003" \
