@@ -109,7 +109,8 @@ BAD = {
                                  "data.seq_len=36", "model.n_heads=8", "model.n_kv_heads=4"], "parallel.cp",
                                 "a cp rank's 18 positions (data.seq_len 36 / cp 2) among parallel.tp=4"),
     "zero_degree": (["parallel.cp=0"], "parallel.cp", "must be a positive degree"),
-    "text_samples": (["parallel.cp=2", "trainer.sample_every=2"], "trainer.sample_every", "set trainer.sample_every=0"),
+    "text_samples": (["parallel.cp=2", "trainer.sample_every=2", "trainer.sample_prompt=The"], "trainer.sample_every",
+                     "set trainer.sample_every=0"),
     "world_size_product": (["parallel.cp=2", "parallel.tp=2", "launcher.nproc_per_node=2"], "parallel",
                            "cp=2 x tp=2 = 4 processes, but the world size is 2"),
 }

@@ -22,7 +22,7 @@ def test_a_run_scans_only_what_it_made_and_unfreezes_afterwards(monkeypatch):
     before_run = Cycle()
     seen = {}
 
-    def fake_run(cfg, run_dir, on_record):
+    def fake_run(cfg, run_dir, on_record, says_refusals):
         made = Cycle()
         seen["old_scanned"] = _tracked(before_run)
         seen["new_scanned"] = _tracked(made)
@@ -30,7 +30,8 @@ def test_a_run_scans_only_what_it_made_and_unfreezes_afterwards(monkeypatch):
 
     monkeypatch.setattr(worker, "_run", fake_run)
     frozen_before = gc.get_freeze_count()
-    worker.run_worker(OmegaConf.create({"trainer": {"deterministic": False}}), "unused")
+    worker.run_worker(OmegaConf.create({"trainer": {"deterministic": False},
+                                        "checkpoint": {"storage_timeout_s": 60.0}}), "unused")
     assert seen == {"old_scanned": False, "new_scanned": True, "frozen": seen["frozen"]} and seen["frozen"] > 0
     assert gc.get_freeze_count() == frozen_before == 0 and _tracked(before_run)
 

@@ -13,6 +13,8 @@ the spec has no plan of its own for arbitrary architectures.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
@@ -122,7 +124,14 @@ class HFSpec(ModelSpec):
             hidden_size=32, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False)
         path = os.path.join(scratch_dir, "hf_smallest")
-        config.save_pretrained(path)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            # written whole, then renamed: a job already reading it (the matrix composes while its sweep runs)
+            # never sees a file cut short
+            tmp = tempfile.mkdtemp(dir=scratch_dir)
+            config.save_pretrained(tmp)
+            os.makedirs(path, exist_ok=True)
+            os.replace(os.path.join(tmp, "config.json"), os.path.join(path, "config.json"))
+            shutil.rmtree(tmp, ignore_errors=True)
         return ["model=hf", f"model.config={path}"]
 
     def block_classes(self, model):
