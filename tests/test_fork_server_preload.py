@@ -121,10 +121,10 @@ def test_a_sweep_point_whose_workers_need_more_gets_a_server_that_preloads_what_
 
 
 def test_a_cpu_job_preloads_what_its_model_float8_and_compile_import_and_each_exists(compose_config, tmp_path):
-    from framework.models.spec import spec_named
     from framework.strategies.registry import strategy_class
+    from tests.matrix.crossed import smallest_overrides
     job = ["parallel=fsdp", "precision=float8", "trainer.compile=true", "device=cpu",
-           *spec_named("hf").smallest_overrides(str(tmp_path))]
+           *smallest_overrides("hf", str(tmp_path))]
     cpu = strategy_class("fsdp").fork_server_preload(compose_config(job))
     for wanted in ("transformers.models.llama.modeling_llama", "torchao.float8", "torch._inductor.pattern_matcher"):
         assert wanted in cpu, cpu

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import REPO
 
 LAYERS = [
-    {"errors", "axes", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
+    {"errors", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
      "fork_server_freeze", "storage", "redact"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},

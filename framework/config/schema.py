@@ -16,17 +16,13 @@ from typing import Annotated, Any, Literal, Optional
 
 from omegaconf import MISSING
 
-from framework.axes import crossed
-
 from framework.checkpoint.retention import SCORE_MODES
 from framework.cluster.engines import ENGINES
 from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
-from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
-from framework.parallel.pipeline import SCHEDULES as PP_SCHEDULES
 from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 from framework.storage.timeouts import DEFAULT_TIMEOUT_S as STORAGE_TIMEOUT_S
 
@@ -43,19 +39,19 @@ class ParallelConfig:
     """Options every strategy understands; strategies subclass it with their own knobs."""
     name: str = MISSING                     # the strategy; set by the group option (parallel=<name>)
     # data-parallel replica groups (HSDP: sharded inside a group, replicated across); -1 = the rest
-    dp_replicate: int = crossed(1, 2)
+    dp_replicate: int = 1
     dp_shard: int = 1                       # ranks a parameter is sharded over (FSDP2); -1 = the rest of the world size
-    tp: int = crossed(1, 2)                 # tensor-parallel degree (parallel=3d)
-    pp: int = crossed(1, 2)                 # pipeline stages (parallel=3d)
+    tp: int = 1                             # tensor-parallel degree (parallel=3d)
+    pp: int = 1                             # pipeline stages (parallel=3d)
     # GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | DualPipeV
-    pp_schedule: str = crossed("1F1B", *(s for s in PP_SCHEDULES if s != "1F1B"))
+    pp_schedule: str = "1F1B"
     pp_microbatches: Optional[int] = None   # null: a data-parallel rank's share / micro_batch_size, at least pp
     # 2+ for Interleaved1F1B / LoopedBFS / InterleavedZeroBubble, 2 for ZBV/DualPipeV
-    pp_virtual_stages: int = crossed(1, 2)
-    cp: int = crossed(1, 2)                 # context parallel: ranks that split every sequence (parallel=3d)
+    pp_virtual_stages: int = 1
+    cp: int = 1                             # context parallel: ranks that split every sequence (parallel=3d)
     # tp > 1: norms and residual activations sharded over the tp ranks along the sequence
-    sequence_parallel: bool = crossed(False, True)
-    ep: int = crossed(1, 2)                            # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
+    sequence_parallel: bool = False
+    ep: int = 1                             # expert parallelism (parallel=3d): MoE experts sharded over the dp ranks
 
 
 @dataclass
@@ -70,8 +66,8 @@ class AutoParallelConfig(ParallelConfig):
 class ZeroConfig:
     stage: int = 0      # what is sharded: 0 nothing, 1 optimizer states, 2 also gradients, 3 also parameters
     # optimizer states (and their step) in CPU memory (fsdp: with offload_params; deepspeed)
-    offload_optimizer: bool = crossed(False, True)
-    offload_params: bool = crossed(False, True)     # parameters in CPU memory between uses (fsdp; deepspeed stage3)
+    offload_optimizer: bool = False
+    offload_params: bool = False            # parameters in CPU memory between uses (fsdp; deepspeed stage3)
 
 
 @dataclass
@@ -80,8 +76,8 @@ class PrecisionConfig:
     param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
-    float8_recipe: OneOf[FLOAT8_RECIPES] = crossed("tensorwise", *FLOAT8_RECIPES[1:])   # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
-    float8_emulate: bool = crossed(False, True)       # float8: emulate the float8 matmuls (numerics only: tests, CPU)
+    float8_recipe: OneOf[FLOAT8_RECIPES] = "tensorwise"  # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
+    float8_emulate: bool = False            # float8: emulate the float8 matmuls (numerics only: tests, CPU)
     # fp16 dynamic loss scaling (torch.amp.GradScaler)
     init_scale: float = 65536.0             # fp16: the first loss scale (torch.amp.GradScaler)
     growth_factor: float = 2.0              # fp16: the loss scale grows by this after growth_interval finite steps
@@ -93,10 +89,10 @@ class PrecisionConfig:
 class ActivationCheckpointingConfig:
     # none | full | layer (every_n_layers blocks) | op (every block, matmul and attention outputs kept).
     # A str, not a OneOf: validation refuses the old value `selective` naming its successors.
-    mode: str = crossed("none", *(m for m in AC_MODES if m != "none"))
+    mode: str = "none"
     every_n_layers: int = 2     # layer: checkpoint every Nth block
     save_matmuls: bool = False  # layer: inside checkpointed blocks keep matmul outputs, recompute the rest
-    save_every_nth_matmul: int = crossed(1, 2) # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
+    save_every_nth_matmul: int = 1          # where matmul outputs are kept: only every nth (2 = torchtitan's op policy)
     block_classes: list[str] = field(default_factory=list)   # empty = the model's block_classes()
 
 
@@ -153,7 +149,7 @@ class DataConfig:
     val_fraction: float = 0.05              # share of the corpus held out for val_loss
     num_tokens: int = 1_000_000         # synthetic only
     # attention stays within each document and positions restart at its start (prepared data: its documents)
-    document_mask: bool = crossed(False, True)
+    document_mask: bool = False
     overlong: OneOf["split", "truncate"] = "split"   # packed instruction data: an example longer than a sequence
     # instruction data: examples packed whole into rows of seq_len; false: one example a row, truncated to
     # seq_len + 1 tokens and padded to its micro-batch's longest row (TRL's packing=False; document_mask: false)
@@ -170,13 +166,13 @@ class DataConfig:
 @dataclass
 class LoraConfig:
     """Parameter-efficient fine-tuning: adapters on the block linears, everything else frozen (models/lora.py)."""
-    enabled: bool = crossed(False, True)    # train adapters instead of the whole model
+    enabled: bool = False                   # train adapters instead of the whole model
     rank: int = 8                           # inner dimension of each adapter (A: rank x in, B: out x rank)
     alpha: float = 16.0                 # the adapter's output is scaled by alpha / rank
     dropout: float = 0.0                    # dropout on the adapter's input while training
-    dora: bool = crossed(False, True)   # weight-decomposed LoRA: a trained magnitude per output row
+    dora: bool = False                      # weight-decomposed LoRA: a trained magnitude per output row
     targets: list[str] = field(default_factory=list)   # linears whose names end so; empty = every block linear
-    base_dtype: OneOf[BASE_DTYPES] = crossed("float32", "bfloat16", "nf4")   # frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
+    base_dtype: OneOf[BASE_DTYPES] = "float32"  # frozen adapted weights: float32 | bfloat16 | float8 | nf4 (QLoRA)
 
 
 @dataclass
@@ -203,18 +199,18 @@ class TrainerConfig:
     on_nonfinite: OneOf["abort", "skip"] = "abort"   # what a NaN/inf loss or gradient does
     # what an out-of-memory error inside a training step does: abort, or halve the micro-batch on every rank
     # and run the step again (the global batch stays; at micro-batch 1 the job stops, naming what it lacked)
-    on_oom: OneOf["abort", "retry"] = crossed("abort", "retry")
+    on_oom: OneOf["abort", "retry"] = "abort"
     # [start, increment, samples] as Megatron's --rampup-batch-size: the global batch grows from `start` by
     # `increment` sequences over the first `samples` sequences, up to global_batch_size; null = no ramp
-    rampup_batch_size: Optional[list[int]] = crossed(None, [4, 4, 8])
+    rampup_batch_size: Optional[list[int]] = None
     progress_bar: bool = True               # a tqdm bar on rank 0 (false: plain log lines only)
     # Seconds without a finished step before every rank writes its stacks to <run dir>/stall/ and the job
     # fails; 0 = off. Below launcher.timeout_s, so a rank stuck outside a collective is caught (with
     # evidence) before its peers' collectives time out.
     stall_timeout_s: float = 900.0
     objective: str = "val_loss"         # the metric whose final value the run returns to a sweeper (Optuna)
-    deterministic: bool = crossed(False, True)        # GPU runs repeat exactly (slower kernels); CPU runs always do
-    compile: bool = crossed(False, True)              # torch.compile each block (torch-native strategies); compile_time logged apart
+    deterministic: bool = False             # GPU runs repeat exactly (slower kernels); CPU runs always do
+    compile: bool = False                   # torch.compile each block (torch-native strategies); compile_time logged apart
     # trainer.compile's torch.compile backend: inductor (fused kernels), or aot_eager / eager, which trace the same
     # graphs without generating code (to tell whether a failure is inductor's, and to check composition cheaply)
     compile_backend: OneOf[COMPILE_BACKENDS] = "inductor"
@@ -231,7 +227,7 @@ class CheckpointConfig:
     keep_best: int = 0                  # also keep this many with the best `score` (0 = off)
     score: str = "val_loss"             # the metric keep_best ranks by, as the step's metrics record names it
     score_mode: OneOf[SCORE_MODES] = "min"   # min: lower is better | max
-    async_save: bool = crossed(False, True)           # write in the background (torch-native strategies; `async` is a keyword)
+    async_save: bool = False                # write in the background (torch-native strategies; `async` is a keyword)
     initial_load: Optional[str] = None  # a dir (or URL) of HF-layout safetensors to start the weights from
     # Seconds each attempt of an object-store request (a URL in checkpoint.dir, resume or initial_load) waits to
     # connect or for the next part of its answer, in the launcher and every worker; a request makes ATTEMPTS of them

@@ -39,11 +39,6 @@ class NativeDecoderSpec(ModelSpec):
     # the module with tensor_parallel_plan(model, sequence_parallel) and pipeline_stage(model, i, n), by name:
     # it imports DTensor, which only a worker that shards the model needs
     plans: str
-    #: the conf/model option of the family's smallest member (a few thousand parameters)
-    smallest: str
-
-    def smallest_overrides(self, scratch_dir: str) -> list[str]:
-        return [f"model={self.smallest}", "model.n_layers=4"]
     adapter: ModuleType              # hf_config(args), to_hf(state, args), config_mismatches(hf, args),
                                      # function_values(hf), HFWeights
 

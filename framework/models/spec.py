@@ -172,12 +172,6 @@ class ModelSpec:
         """Elements one token sends to its experts per MoE layer (expert-parallel all-to-all); 0: dense."""
         return 0
 
-    def smallest_overrides(self, scratch_dir: str) -> list[str]:
-        """Overrides that pick this family's smallest member, with blocks enough for every layout (2 pipeline
-        ranks x 2 virtual stages): the combination matrix crosses it with every option. [] where the family
-        has none (a model the framework knows nothing about). May write a file it needs into scratch_dir."""
-        return []
-
     # ---- training -----------------------------------------------------------------------------
     def batch_statistics(self, model_cfg):
         """None, or what a model whose training loss reads statistics of the whole global batch gathers them

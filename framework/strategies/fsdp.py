@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
@@ -24,7 +23,7 @@ from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
 class FSDPOptions(ParallelConfig):
     name: str = "fsdp"
     dp_replicate: int = 1                # HSDP replica groups; -1 = the rest of the world size
-    dp_shard: int = crossed(-1, 1, 2)    # ranks a parameter is sharded over; -1 = the rest of the world size
+    dp_shard: int = -1                      # ranks a parameter is sharded over; -1 = the rest of the world size
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
 
 

@@ -16,7 +16,6 @@ class GPT2ModelConfig(GPT2Args):
 
 class GPT2Spec(NativeDecoderSpec):
     name = "gpt2"
-    smallest = "gpt2_tiny"
     hf_model_type = "gpt2"
     args_class = GPT2Args
     block_class = Block

@@ -13,14 +13,11 @@ the spec has no plan of its own for arbitrary architectures.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from framework.axes import crossed
 from framework.errors import ConfigError
 from framework.models import hf_files
 from framework.models.hf.model import (NO_REMOTE_CODE, HFCausalLM, head_not_deferrable, hf_config_of,
@@ -40,7 +37,7 @@ class HFModelConfig:
     pretrained: Optional[str] = None    # a local dir: config.json + safetensors weights
     config: Optional[str] = None        # a dir or config.json: a fresh model from the seed
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
-    loss_chunk_tokens: int = crossed(0, 16)
+    loss_chunk_tokens: int = 0
 
 
 def _tied(hf_cfg) -> bool:
@@ -117,22 +114,6 @@ class HFSpec(ModelSpec):
 
     def has_blocks(self, model_cfg) -> bool:
         return True
-
-    def smallest_overrides(self, scratch_dir: str) -> list[str]:
-        """A fresh transformers Llama of four tiny blocks, from a config.json written into scratch_dir."""
-        config = require_transformers().LlamaConfig(
-            hidden_size=32, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False)
-        path = os.path.join(scratch_dir, "hf_smallest")
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            # written whole, then renamed: a job already reading it (the matrix composes while its sweep runs)
-            # never sees a file cut short
-            tmp = tempfile.mkdtemp(dir=scratch_dir)
-            config.save_pretrained(tmp)
-            os.makedirs(path, exist_ok=True)
-            os.replace(os.path.join(tmp, "config.json"), os.path.join(path, "config.json"))
-            shutil.rmtree(tmp, ignore_errors=True)
-        return ["model=hf", f"model.config={path}"]
 
     def block_classes(self, model):
         return model.block_classes()

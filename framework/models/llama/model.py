@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.axes import crossed
 from framework.loss import deferred_logits
 from framework.models.documents import DocumentLayout, attend
 from framework.models.positions import position_rows
@@ -62,7 +61,7 @@ class LlamaArgs:
     tie_embeddings: bool = False            # the output head shares the embedding's weight
     init_std: float = 0.02                  # standard deviation of the seeded normal init
     # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
-    loss_chunk_tokens: int = crossed(0, 16)
+    loss_chunk_tokens: int = 0
 
     @property
     def kv_heads(self) -> int:

@@ -33,7 +33,6 @@ def validate_rope_scaling(scaling) -> None:
 
 class LlamaSpec(NativeDecoderSpec):
     name = "llama"
-    smallest = "tiny"
     hf_model_type = "llama"
     args_class = LlamaArgs
     block_class = TransformerBlock

@@ -19,7 +19,6 @@ class MoESpec(LlamaSpec):
     """Llama's spec (init, TP plan, pipeline split, loss chunking, rules) with the MoE arguments, the HF
     layouts of Mixtral and Qwen3-MoE, expert counts and balancing on top."""
     name = "moe"
-    smallest = "moe_tiny"
     hf_model_type = "mixtral"
     args_class = MoEArgs
     has_experts = True
