@@ -1,7 +1,7 @@
 """Every pair of options the config admits trains with parity, or is refused before launch in one line.
 
-The options are read from the registries and tests/matrix/crossed.py (tests/matrix/axes.py); a covering set of tiny jobs
-holds every pair of their values (tests/matrix/cover.py). Each job runs, with the single-process run of its
+The options are read from the registries and tests/matrix/crossed.py (tests/matrix/axes.py); a covering set of
+tiny jobs holds every pair of their values (tests/matrix/cover.py). Each job runs, with the single-process run of its
 model and precision, in one multirun; each is held to tests/parity.py against that run (loss and grad norm per
 step, every parameter at the end), and jobs that hold every value at least once resume from their step-2
 checkpoint and must replay step 3 exactly. A new option or value enters with no edit here: a pair it cannot
