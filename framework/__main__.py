@@ -2,9 +2,28 @@
 import atexit
 import os
 import sys
-import threading
 
-import hydra
+_EXIT_CODE: list = [None]     # this run's exit status, once main() has ended (set by run_as_command only)
+
+
+def _exit_without_teardown() -> None:
+    """Python's normal exit, less the teardown of the modules: with torch loaded that takes ~1 s after the run is
+    over (a refused config: ~0.8 s of CPU less, docs/benchmarks/cpu.md). Registered before anything
+    else can register an exit handler, it runs last of them (atexit's order is the reverse of registration), after
+    the interpreter has joined its threads and every other handler ran (logging, multiprocessing, Hydra); files
+    the run opened it closed itself (the trainer's finally). An uncaught exception other than SystemExit leaves
+    the exit to Python (its traceback printed, its own status)."""
+    code = _EXIT_CODE[0]
+    if code is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+atexit.register(_exit_without_teardown)
+
+import hydra  # noqa: E402 (imported after the handler above is registered)
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
@@ -98,26 +117,20 @@ def main() -> None:
         raise
 
 
-def exit_without_teardown(code) -> None:
-    """Python's normal exit, less the teardown of the modules: with torch loaded that takes ~1 s after the
-    run is over (every job, every test). As the interpreter's own exit does, executors are stopped and threads
-    joined, then atexit handlers run (logging, multiprocessing, Hydra) and stdio is flushed; files the run
-    opened it closed itself (the trainer's finally)."""
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    threading._shutdown()     # what the interpreter's exit does first: stop executors, join non-daemon threads
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+def _status(code) -> int:
+    """The exit status Python gives SystemExit(code) (it prints a code that is not a number itself)."""
+    return 0 if code is None else code if isinstance(code, int) else 1
+
+
+def run_as_command(entry=None) -> None:
+    """Runs `entry` (main) as this process's command: its exit status is kept for _exit_without_teardown."""
+    try:
+        (entry or main)()
+    except SystemExit as e:
+        _EXIT_CODE[0] = _status(e.code)
+        raise
+    _EXIT_CODE[0] = 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        exit_without_teardown(e.code)
-    exit_without_teardown(0)
+    run_as_command()

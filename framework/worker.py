@@ -1,13 +1,13 @@
 """One training process: build the strategy, train, tear down."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
-import gc
 import os
+import select
 import signal
 import sys
+import threading
 import time
 import traceback
 
@@ -42,26 +42,8 @@ def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) ->
     `says_refusals`: rank 0 prints the `error:` line of a checkpoint it refuses as it loads it (a worker that
     the launcher spawned leaves that line to the launcher, which prints it once whichever rank refused)."""
     set_storage_timeout(cfg.checkpoint.storage_timeout_s)
-    with determinism.applied(cfg), collecting_only_what_the_run_makes():
+    with determinism.applied(cfg):
         _run(cfg, run_dir, on_record, says_refusals)
-
-
-@contextlib.contextmanager
-def collecting_only_what_the_run_makes():
-    """What exists when the run starts (imported modules, the config: millions of objects in a process that
-    imported transformers and DeepSpeed) leaves the garbage collector's sight until the run ends (gc.freeze),
-    as the workers' fork server does for its children (framework.fork_server_freeze). A run in the launching
-    process itself - one process, a sweep's single-process points, a Ray actor - otherwise scanned all of them at
-    its teardown's gc.collect (~0.3 s a run in a sweep's process) and at each automatic full collection.
-    Unfrozen afterwards where nothing was frozen before, so that a sweep's next point, or whatever the caller
-    does next, collects them again; a forked worker's objects stay frozen with its server's."""
-    frozen_before = gc.get_freeze_count()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        if not frozen_before:
-            gc.unfreeze()
 
 
 def _run(cfg, run_dir: str, on_record, says_refusals: bool) -> None:
@@ -108,22 +90,28 @@ def _run(cfg, run_dir: str, on_record, says_refusals: bool) -> None:
     strategy.teardown()
 
 
-def die_with_parent(launcher_pid: int) -> None:
-    """A spawned worker must not outlive its launcher, even one killed with SIGKILL (no handler runs)."""
+def die_with_launcher(launcher_pid: int) -> None:
+    """A spawned worker must not outlive its launcher, even one killed with SIGKILL (no handler runs). Its parent is
+    the launcher's fork server, which multiprocessing keeps alive while any process holds the write end of its
+    keep-alive pipe, and every worker holds one: so the worker watches the launcher itself, through a pidfd (Linux
+    5.3+), and leaves the moment it ends; prctl(PR_SET_PDEATHSIG) takes it too should the fork server go first."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):    # not Linux: the launcher's signal handlers still stop us
-        return
-    # The parent is the launcher's fork server. Every child it forks holds the pipe that keeps it alive
-    # after its launcher is gone; closing ours lets it exit with the launcher, and prctl takes us with it.
-    from multiprocessing import forkserver
-    server = forkserver._forkserver
-    if getattr(server, "_forkserver_alive_fd", None) is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    if launcher_pid not in (os.getppid(), _parent_of(os.getppid())):   # it died before prctl took effect
+        watched = os.pidfd_open(launcher_pid)
+    except ProcessLookupError:          # it died before the watch began
         os._exit(1)
+    except (OSError, AttributeError):   # not Linux: the launcher's signal handlers still stop us
+        return
+    if launcher_pid not in (os.getppid(), _parent_of(os.getppid())):   # its pid is another process's by now
+        os._exit(1)
+    threading.Thread(target=_exit_when_readable, args=(watched,), name="launcher-watch", daemon=True).start()
+
+
+def _exit_when_readable(pidfd: int) -> None:
+    """A pidfd turns readable when its process ends."""
+    select.select([pidfd], [], [])
+    os._exit(1)
 
 
 def _parent_of(pid: int) -> int | None:
@@ -144,7 +132,7 @@ def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     # is gone (Python's KeyboardInterrupt waits for the call to return: the launcher then waited the whole
     # launcher.stop_grace_s, 180 s, before its SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    die_with_parent(launcher_pid)
+    die_with_launcher(launcher_pid)
     run_worker(cfg, run_dir, says_refusals=False)
 
 

@@ -9,6 +9,10 @@ run by runpy. Its workers' fork server is forked from the job in turn (multiproc
 interpreter for it), so it too starts with everything imported, in the job's session, with the job's
 environment. Nothing runs in the server itself: every job starts from the same clean state.
 
+Two shortcuts make the suite's hundreds of jobs cheaper, and only here (the framework itself takes neither): what
+the server imported leaves the garbage collector's sight (gc.freeze), and a served launch names its rendezvous's
+events from frames instead of torch's inspect.stack() (name_rendezvous_events_cheaply).
+
 Protocol (a Unix socket, one connection a job, JSON lines): the client sends
 {"argv": [...], "module": ..., "cwd": ..., "env": {...}, "stdout": path, "stderr": path}; the server
 answers {"pid": N} once the job runs, then {"returncode": N} when it ends.
@@ -26,6 +30,25 @@ import sys
 #: it makes its importer exit 0 at exit
 LAUNCHER = ("framework.__main__", "framework.launch", "framework.launchers.torch")
 FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
+
+
+def _method_name(depth: int = 2) -> str:
+    """What torch's dynamic_rendezvous.get_method_name returns, the name of the function `depth` frames above
+    this one, read from the frame itself: torch's inspect.stack() builds every frame's source context and looks
+    each frame's module up among all of sys.modules (~0.4 s of CPU a launch with torch, transformers and DeepSpeed
+    loaded, every served job that spawns workers)."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:                  # a stack shallower than depth
+        return "no_method_name"
+
+
+def name_rendezvous_events_cheaply() -> None:
+    """Served jobs name the rendezvous's events with _method_name (a test-only shortcut: tests/
+    test_rendezvous_events.py holds it to torch's own names, and fails where torch no longer has the function)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    if hasattr(dynamic_rendezvous, "get_method_name"):
+        dynamic_rendezvous.get_method_name = _method_name
 
 
 def _fork_instead_of_spawn() -> None:
@@ -124,14 +147,19 @@ def preload() -> tuple[str, ...]:
     from framework.launchers.torch import FORK_SERVER_PRELOAD
     from framework.strategies.registry import all_strategy_classes
     workers = {m for cls in all_strategy_classes().values() for m in cls.worker_modules}
-    # the freeze last, as the workers' fork server imports it: each job collects only what it made itself
-    return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers), "framework.fork_server_freeze")
+    return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers))
 
 
 def serve(address: str) -> None:
+    import gc
     import importlib
     for module in preload():
         importlib.import_module(module)
+    name_rendezvous_events_cheaply()
+    # What the server imported leaves the garbage collector's sight (it lives as long as any job): a job, its
+    # workers' fork server and their workers, all forked from here, collect only what they made (a collection
+    # that scanned it all took ~0.2-0.4 s of CPU a job at its teardown: hundreds of jobs a session).
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)       # nannies are reaped by the kernel
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address + ".tmp")

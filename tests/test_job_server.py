@@ -32,6 +32,17 @@ def test_a_served_job_fails_as_a_fresh_interpreter_does(tmp_path, monkeypatch):
     assert served.stderr == fresh.stderr and len(served.stderr.strip().splitlines()) == 1
 
 
+def test_a_served_job_collects_only_what_it_made_and_names_rendezvous_events_from_frames(tmp_path):
+    """The server's imports are out of the job's garbage collections (gc.freeze), and its launches name their
+    rendezvous events without inspect.stack(): the two test-only shortcuts tests/job_server.py takes."""
+    import json
+    from pathlib import Path
+    proc = job_client.run("tests.fixtures.served_state", [], Path(tmp_path), dict(os.environ), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["frozen"] > 100_000 and found["names_events"] == "_method_name", found
+
+
 def test_a_job_setting_what_torch_reads_at_start_gets_its_own_interpreter():
     assert not job_client.serves({"TORCH_LOGS": "dynamo"})
     assert not job_client.serves({"OMP_NUM_THREADS": "7"})

@@ -10,7 +10,7 @@ from tests.helpers import REPO
 
 LAYERS = [
     {"errors", "exit_codes", "faults", "host_memory", "loss", "determinism", "nonfinite", "fork_server_exit",
-     "fork_server_freeze", "storage", "redact"},
+     "storage", "redact"},
     {"cluster", "data", "models", "optim", "preemption", "elastic", "watchdog"},
     {"checkpoint", "devices"},
     {"world", "sweep_gpus", "precision"},

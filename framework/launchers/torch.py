@@ -57,30 +57,23 @@ class TorchEngine(Engine):
 FORK_SERVER_PRELOAD = ("framework.worker", "torch._dynamo")
 
 
-#: what the running fork server preloaded (a sweep's later points reuse it)
-_SERVED: list[tuple[str, ...]] = [()]
-
-
 def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
     """Workers fork from one server process that imported torch, the trainer and what this job's workers use
     once; spawned workers each imported them again (3 s of CPU a worker: an 8-worker job on 2 cores started
     ~20 s later). Started as soon as the job is known to spawn workers, its imports overlap the launcher's
-    own. A server already running (an earlier point of a sweep) is kept if it preloaded everything this job's
-    workers import; else it is replaced by one that preloads what both jobs need, so that a sweep's points
-    pay each import once, not once a worker.
+    own. The server a process started first serves its later jobs too (a sweep's points): their workers import
+    what it did not preload themselves (replacing a running server needs multiprocessing's private internals),
+    and a sweep that mixes strategies can name their union in launcher.preload. framework.fork_server_exit comes
+    last: the server then leaves without tearing its modules down.
 
     The server (and multiprocessing's resource tracker, started with it) ignores the preemption signals:
     SLURM and `timeout` signal the whole process group, and a server killed by them took its children, the
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
-    server = forkserver._forkserver
-    wanted = tuple(dict.fromkeys([*_SERVED[0], *FORK_SERVER_PRELOAD, *worker_modules]))
-    if server._forkserver_pid is not None and wanted != _SERVED[0]:
-        server._stop()          # multiprocessing's own way to stop it (its tests use it)
-    multiprocessing.set_forkserver_preload([*wanted, "framework.fork_server_freeze", "framework.fork_server_exit"])
+    multiprocessing.set_forkserver_preload([*dict.fromkeys([*FORK_SERVER_PRELOAD, *worker_modules]),
+                                            "framework.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
-    _SERVED[0] = wanted
 
 
 def checkpoint_of_last_step(cfg: DictConfig, run_dir: str, since: float) -> str | None:
@@ -144,10 +137,8 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from framework.launchers.rendezvous_events import name_events_cheaply
     from framework.worker import REFUSED_RESUME, worker_entry
 
-    name_events_cheaply()
     rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0")
     if node is not None:
