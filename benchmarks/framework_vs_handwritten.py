@@ -12,7 +12,7 @@ sequences (the framework's GlobalBatchSampler over the pydoc corpus, train split
 batch, AdamW (lr 3e-3, betas 0.9/0.95, weight decay 0.1 on matrices only), warm-up + cosine LR, clipping at
 1.0 and fp32. The hand-written loop is this file run with --worker: directly for single, under
 `python -m torch.distributed.run --standalone --nproc-per-node 2` for the others. It uses the framework's
-thread rule (framework/devices.py: one worker keeps torch's default, N workers on a node get
+thread rule (framework/runtime/devices.py: one worker keeps torch's default, N workers on a node get
 cores // N threads each) and, like the framework, takes the global-batch mean loss every step (one scalar
 all-reduce on data-parallel layouts). The framework side is `python -m framework` with its metrics.jsonl.
 

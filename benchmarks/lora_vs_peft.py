@@ -5,7 +5,7 @@
 
 Four sides, each a training job in this process, interleaved round by round (the order rotates):
   framework LoRA  `python -m framework +recipe=lora_tiny <overrides>` as it runs: the config admitted, then
-                  framework.worker.run_worker (the trainer, the single strategy, its metrics records),
+                  framework.train.worker.run_worker (the trainer, the single strategy, its metrics records),
   PEFT            the same Llama with the same initial weights (framework.models.factory) under peft's
                   LoraConfig of the same rank, alpha, dropout and linears, lora_A as the framework seeds it,
                   trained by a plain loop: forward, F.cross_entropy over the trained targets, backward,
@@ -53,8 +53,8 @@ def configs(overrides: list[str]):
     from omegaconf import OmegaConf
     from framework.config.paths import CONFIG_DIR
     from framework.config.schema import LoraConfig
-    from framework.config_store import register_configs
-    from framework.launch import admit
+    from framework.launch.admission import admit
+    from framework.launch.config_store import register_configs
     register_configs()
     out = []
     for adapters in (True, False):
@@ -86,7 +86,7 @@ class Meter:
 
 
 def framework_side(cfg, warmup: int):
-    from framework.worker import run_worker
+    from framework.train.worker import run_worker
     meter, losses = Meter(warmup), {}
 
     def on_record(record: dict) -> None:
@@ -103,8 +103,8 @@ def plain_side(cfg, warmup: int, lora=None):
     import torch
     import torch.nn.functional as F
     from framework.data.batches import build_samplers, micro_batches
-    from framework.loss import IGNORE_INDEX
     from framework.models.factory import ModelFactory
+    from framework.models.loss import IGNORE_INDEX
     from framework.optim.schedulers import build_scheduler
 
     model = ModelFactory(cfg)()

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from framework.loss import chunked_cross_entropy, cross_entropy  # noqa: E402
+from framework.models.loss import chunked_cross_entropy, cross_entropy  # noqa: E402
 
 
 class LiveBytesPeak(TorchDispatchMode):

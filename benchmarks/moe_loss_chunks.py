@@ -22,9 +22,9 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.job_metrics import job_metrics  # noqa: E402
 from framework.config.paths import CONFIG_DIR  # noqa: E402
-from framework.config_store import register_configs  # noqa: E402
-from framework.loss import cross_entropy  # noqa: E402
+from framework.launch.config_store import register_configs  # noqa: E402
 from framework.models.factory import ModelFactory  # noqa: E402
+from framework.models.loss import cross_entropy  # noqa: E402
 
 SHAPES = ["data=synthetic", "data.vocab_size=32000", "model.vocab_size=32000", "data.seq_len=512",
           "model.max_seq_len=512", "trainer.global_batch_size=8", "trainer.micro_batch_size=8", "precision=fp32",

@@ -39,7 +39,7 @@ MODEL = ["model=llama_125m", "model.dim=2048", "model.n_layers=16", "model.n_hea
 def _config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from framework.config.paths import CONFIG_DIR
-    from framework.config_store import register_configs
+    from framework.launch.config_store import register_configs
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         return compose("config", overrides=["parallel=single", "data=synthetic", *overrides])
@@ -48,11 +48,11 @@ def _config(overrides: list[str]):
 # ---- the plain side (one process) ----------------------------------------------------------------
 def plain(opts) -> None:
     import torch
-    from framework.loss import cross_entropy
     from framework.metrics.mfu import mfu, peak_flops
+    from framework.models.loss import cross_entropy
     from framework.models.spec import spec_for
     from framework.parallel.compile import compile_blocks
-    from framework.precision import compute_dtype
+    from framework.parallel.precision import compute_dtype
 
     cfg = _config(opts.overrides)
     cfg.trainer.compile = opts.compile

@@ -43,12 +43,12 @@ def worker(overrides: list[str], out: str) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from framework.config_store import register_configs
+    from framework.launch.config_store import register_configs
     from framework.models.factory import ModelFactory
     from framework.optim.factory import OptimizerFactory
     from framework.optim.schedulers import build_scheduler
     from framework.strategies.registry import strategy_class
-    from framework.trainer import Trainer, cross_entropy
+    from framework.train.trainer import Trainer, cross_entropy
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):

@@ -28,12 +28,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from framework import exit_codes, launch, sweep_gpus
+from framework import exit_codes
 from framework.config.paths import CONFIG_DIR
 from framework.config.plugins import refuse_missing_plugins
 from framework.config.removed import refuse_removed_keys
-from framework.config_store import register_configs
 from framework.errors import ConfigError
+from framework.launch import admission, sweep_gpus
+from framework.launch.config_store import register_configs
 from framework.redact import RedactingStream, redact_files, redacted
 
 _task_started = False
@@ -52,7 +53,7 @@ def app(cfg) -> float | None:
     redact_hydra_records()
     refuse_a_study_without_its_objective(cfg)
     try:
-        return launch.run(cfg, HydraConfig.get().runtime.output_dir)
+        return admission.run(cfg, HydraConfig.get().runtime.output_dir)
     except SystemExit as e:
         # sys.exit would end the whole sweep; an exception ends only this point.
         if HydraConfig.get().mode != RunMode.MULTIRUN or e.code not in (exit_codes.USAGE, 1):
@@ -85,7 +86,7 @@ def refuse_a_study_without_its_objective(cfg) -> None:
         print("error: trainer.eval_every: an Optuna study minimises trainer.objective=val_loss, which "
               "trainer.eval_every=0 never computes; set trainer.eval_every to a positive step count, or "
               "trainer.objective=loss to minimise the final training loss", file=sys.stderr)
-        launch.remove_if_only_hydra_files(HydraConfig.get().runtime.output_dir)
+        admission.remove_if_only_hydra_files(HydraConfig.get().runtime.output_dir)
         sys.exit(exit_codes.USAGE)
 
 
@@ -104,8 +105,8 @@ def main() -> None:
         import torch
         sweep_gpus.remember_node_gpus(os.environ, torch.cuda.device_count())
     register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    OmegaConf.register_new_resolver("fw_run_dir", admission.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", admission.hydra_output_subdir, replace=True)
     sys.stderr = RedactingStream(sys.stderr)
     try:
         app()

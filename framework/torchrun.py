@@ -5,7 +5,7 @@ Under plain torchrun a preemption signal was lost on the way out: on SIGTERM its
 the workers save a checkpoint and exit 143 (exit_codes.REQUEUE), and then torchrun exits 1 with a
 SignalException traceback; SIGUSR1/SIGUSR2 (`sbatch --signal`) killed torchrun outright. A script testing
 for 143 never requeued. Here torchrun runs in this process with the preemption signals handled as our own
-launcher handles them (framework.preemption.stopping_once_on: the first goes on to the workers, repeats are
+launcher handles them (framework.runtime.preemption.stopping_once_on: the first goes on to the workers, repeats are
 ignored), and exits 143 when its workers stopped with their checkpoint saved, which each worker says in a
 file this wrapper names (preemption.REQUEUE_REPORT).
 """
@@ -18,7 +18,7 @@ import tempfile
 
 from framework import exit_codes
 from framework.config.schema import LauncherConfig
-from framework.preemption import REQUEUE_REPORT, stopping_once_on
+from framework.runtime.preemption import REQUEUE_REPORT, stopping_once_on
 
 
 def _agent_signals(handled: str, preempt: list[str]) -> str:

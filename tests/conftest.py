@@ -11,9 +11,9 @@ import pytest  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from framework import launch  # noqa: E402
 from framework.config.paths import CONFIG_DIR  # noqa: E402
-from framework.config_store import register_configs  # noqa: E402
+from framework.launch import admission  # noqa: E402
+from framework.launch.config_store import register_configs  # noqa: E402
 from tests.helpers import FAST, check_ok, losses, run_framework  # noqa: E402
 
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8
@@ -70,8 +70,8 @@ def single_reference(reference_run):
 def compose_config():
     """Compose conf/ in-process exactly as `python -m framework OVERRIDES` would (no run, no workers)."""
     register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    OmegaConf.register_new_resolver("fw_run_dir", admission.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", admission.hydra_output_subdir, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         yield lambda overrides: compose(config_name="config", overrides=list(overrides))
 

@@ -232,8 +232,8 @@ def assert_planned_activations(run_dir: Path, rel: float = 0.10) -> None:
 
 def validate_composed(cfg) -> None:
     """The launcher's checks on a composed config, at the world size its strategy would start."""
-    from framework import world
     from framework.config.validate import validate
+    from framework.runtime import world
     from framework.strategies.registry import strategy_class
     cls = strategy_class(cfg.parallel.name)
     validate(cfg, world.world_size_for(cfg, cls), cls)

@@ -26,9 +26,9 @@ import socket
 import sys
 
 #: what every job imports before it trains (the launcher, Hydra, torch); the workers' modules come from the
-#: launcher and the strategy registry (preload below). framework.fork_server_exit is left out on purpose:
+#: launcher and the strategy registry (preload below). framework.launch.fork_server_exit is left out on purpose:
 #: it makes its importer exit 0 at exit
-LAUNCHER = ("framework.__main__", "framework.launch", "framework.launchers.torch")
+LAUNCHER = ("framework.__main__", "framework.launch.admission", "framework.launch.torch")
 FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
 
 
@@ -144,7 +144,7 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 def preload() -> tuple[str, ...]:
-    from framework.launchers.torch import FORK_SERVER_PRELOAD
+    from framework.launch.torch import FORK_SERVER_PRELOAD
     from framework.strategies.registry import all_strategy_classes
     workers = {m for cls in all_strategy_classes().values() for m in cls.worker_modules}
     return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers))

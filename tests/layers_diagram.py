@@ -47,7 +47,7 @@ def without_implied(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
 
 
 def _id(room: str) -> str:
-    return "r_" + room.strip("_")
+    return "r_" + room.strip("_").replace(".", "_")
 
 
 def mermaid() -> str:

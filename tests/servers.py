@@ -23,11 +23,11 @@ def refused(cfg, run_dir: Path) -> list[str]:
     import contextlib
     import io
 
-    from framework import launch
+    from framework.launch import admission
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         try:
-            launch.run(cfg, str(run_dir))
+            admission.run(cfg, str(run_dir))
         except SystemExit as e:
             assert e.code == 2, err.getvalue()
         else:

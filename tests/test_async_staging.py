@@ -11,7 +11,7 @@ from torch import nn
 
 from framework.checkpoint import dcp_state
 from framework.checkpoint.staging import ReusedStager
-from framework.precision import Precision
+from framework.parallel.precision import Precision
 
 
 class _Schedule:

@@ -8,19 +8,20 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from framework import launch, world
 from framework.config.choices import check_choices, choice_fields
 from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
-from framework.config_store import register_configs
 from framework.errors import ConfigError
+from framework.launch import admission
+from framework.launch.config_store import register_configs
+from framework.runtime import world
 from framework.strategies.registry import strategy_class
 
 
 def _compose(overrides=()):
     register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    OmegaConf.register_new_resolver("fw_run_dir", admission.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", admission.hydra_output_subdir, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name="config", overrides=list(overrides))
 

@@ -1,7 +1,7 @@
 """Rank discovery: each launcher's variables, as plain env dicts, give the right shape and numbers."""
 import pytest
 
-from framework.cluster.env import Node, Worker, discover, expand_hostlist, port_for_job
+from framework.runtime.cluster_env import Node, Worker, discover, expand_hostlist, port_for_job
 
 
 @pytest.mark.parametrize("hostlist,hosts", [

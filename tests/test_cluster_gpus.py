@@ -6,9 +6,10 @@ import types
 import pytest
 import torch
 
-from framework import devices, launch
-from framework.cluster.env import discover, stable_job_dir, tasks_per_node
 from framework.errors import ConfigError
+from framework.launch import admission
+from framework.runtime import devices
+from framework.runtime.cluster_env import discover, stable_job_dir, tasks_per_node
 
 CUDA = types.SimpleNamespace(device="cuda")
 LAUNCHER_VARS = ("LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR",
@@ -111,9 +112,9 @@ def test_a_job_identity_gives_the_same_run_dir_on_every_attempt(env, run_dir):
 
 def test_default_run_dir_of_a_requeued_slurm_job_is_its_job_dir(eight_gpus):
     eight_gpus.setenv("SLURM_JOB_ID", "777")
-    assert launch.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/slurm/777"
+    assert admission.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/slurm/777"
     eight_gpus.delenv("SLURM_JOB_ID")
-    assert launch.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/2026-01-01/00-00-00"
+    assert admission.agree_run_dir("outputs/2026-01-01/00-00-00") == "outputs/2026-01-01/00-00-00"
 
 
 def test_an_srun_step_smaller_than_the_allocation_counts_its_own_tasks():

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from framework.loss import cross_entropy
 from framework.models.gpt2.model import GPT2, init_parameter as gpt2_init_parameter
 from framework.models.llama import Llama, init_weights as llama_init
+from framework.models.loss import cross_entropy
 from framework.models.positions import holding
 from framework.parallel.context_parallel import (GatheredAttention, chunked_causal_attention, gathered_positions,
                                                  shard, shard_positions, unshard)

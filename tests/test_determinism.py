@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework.determinism import ENVIRONMENT, validate
+from framework.runtime.determinism import ENVIRONMENT, validate
 from framework.strategies.registry import strategy_class
 
 from tests.helpers import FAST, REPO, check_ok, run_framework
@@ -19,7 +19,7 @@ from tests.helpers import FAST, REPO, check_ok, run_framework
 PROBE = """
 import json, sys
 from omegaconf import OmegaConf
-from framework import determinism
+from framework.runtime import determinism
 before = determinism.settings()
 with determinism.applied(OmegaConf.create({"trainer": {"deterministic": sys.argv[1] == "true"}})):
     during = determinism.settings()

@@ -7,10 +7,12 @@ from datetime import timedelta
 import pytest
 import torch
 
-from framework import world
-from framework import devices, launch, precision
-from framework.errors import ConfigError
 from framework.config.validate import validate
+from framework.errors import ConfigError
+from framework.launch import admission
+from framework.parallel import precision
+from framework.runtime import world
+from framework.runtime import devices
 from framework.strategies import base
 from framework.strategies.registry import strategy_class
 from tests.fixtures import fake_gpus

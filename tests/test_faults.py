@@ -1,6 +1,6 @@
 """Faults never hang: real SIGKILLs, a hung rank, and signals to the launcher, on a real 2-worker job.
 
-Faults are injected through FRAMEWORK_FAULT (framework/faults.py). Every job runs with a marker in its
+Faults are injected through FRAMEWORK_FAULT (framework/runtime/faults.py). Every job runs with a marker in its
 environment, so the test can look through /proc for any process of it that outlived the job.
 """
 import os

@@ -5,13 +5,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework import world
 from framework.config.validate import validate
 from framework.errors import ConfigError
 from framework.models.llama import Llama
 from framework.models.llama.spec import SPEC as LLAMA
 from framework.models.spec import spec_for
 from framework.parallel.float8 import convert_float8
+from framework.runtime import world
 from framework.strategies.registry import strategy_class
 from tests.helpers import FAST, check_ok, counted, counters_env, losses, max_rel_diff, run_framework
 
@@ -106,10 +106,10 @@ def test_emulated_float8_trains_within_tolerance_of_bf16_and_its_checkpoint_move
 
 def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_config):
     """The planner's float8 all-gather against the parameters convert_float8 actually converts."""
+    from framework.models.factory import ModelFactory
     from framework.plan.comm import comm_bytes, fsdp_passes
     from framework.plan.layout import layout_of
     from framework.plan.shapes import rank_parameters
-    from framework.models.factory import ModelFactory
 
     def gathered(*args):
         cfg = compose_config(["parallel=fsdp", "zero=stage3", "model=small", *args])

@@ -11,14 +11,14 @@ from tests.helpers import REPO
 
 
 def _preload(device: str, guard_cuda: bool) -> dict:
-    """Import each strategy's preload in one fresh process after framework.worker (the server's own
+    """Import each strategy's preload in one fresh process after framework.train.worker (the server's own
     first import); return the modules per strategy and what asked CUDA anything meanwhile."""
     code = f"""
 import importlib, json, os, sys
 import torch
 from omegaconf import OmegaConf
-import framework.worker
 from framework.strategies.registry import strategy_class
+import framework.train.worker
 asked = []
 def _refuse(name):
     def ask(*a, **k):
@@ -57,12 +57,12 @@ def test_the_server_leaves_without_teardown_imported_last_before_it_forks_worker
     import multiprocessing
     from multiprocessing import forkserver
 
-    from framework.launchers.torch import start_fork_server
+    from framework.launch.torch import start_fork_server
     preloaded = []
     monkeypatch.setattr(multiprocessing, "set_forkserver_preload", preloaded.extend)
     monkeypatch.setattr(forkserver, "ensure_running", lambda: None)
     start_fork_server(("framework.parallel.parallelize",))
-    assert preloaded[-1:] == ["framework.fork_server_exit"]
+    assert preloaded[-1:] == ["framework.launch.fork_server_exit"]
 
 
 def test_what_a_gpu_job_preloads_never_asks_cuda():
@@ -102,7 +102,7 @@ def test_a_sweep_keeps_the_server_its_first_point_started(tmp_path):
     code = f"""
 import json, os, sys
 sys.path.insert(0, {str(REPO)!r})
-from framework.launchers import torch as launcher
+from framework.launch import torch as launcher
 from tests.test_fork_server_preload import _fork_a_worker
 if __name__ == "__main__":
     launcher.start_fork_server(("wave",))
@@ -144,7 +144,7 @@ def test_a_sweep_names_more_modules_for_its_server_and_a_module_that_does_not_ex
     import pytest
 
     from framework.errors import ConfigError
-    from framework.launchers import torch as launcher
+    from framework.launch import torch as launcher
     from framework.strategies.registry import strategy_class
     from tests.helpers import validate_composed
     served = []

@@ -206,8 +206,8 @@ def test_the_planner_plans_a_pretrained_model_from_its_config(saved):
     from hydra import compose, initialize_config_dir
 
     from framework.config.paths import CONFIG_DIR
-    from framework.config_store import register_configs
     from framework.config.validate import validate
+    from framework.launch.config_store import register_configs
     from framework.plan.check import refuse_if_it_cannot_fit
     from framework.plan.layout import layout_of
     from framework.plan.shapes import rank_parameters

@@ -6,11 +6,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from framework import launch
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
+from framework.launch import admission
+from framework.launch.config_store import register_configs
 from framework.metrics.profile import StepProfiler
-from framework.trainer import Trainer
+from framework.train.trainer import Trainer
 from tests.helpers import FAST, read_metrics
 
 
@@ -49,7 +49,7 @@ def test_a_step_that_does_not_log_never_reads_a_tensor_on_the_host(tmp_path, mon
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=overrides)
     with reads:
-        launch.run(cfg, str(tmp_path / "run"))
+        admission.run(cfg, str(tmp_path / "run"))
     logged = [r["step"] for r in read_metrics(tmp_path / "run")]
     assert logged == [1, 4, 8]
     per_step = {step: at_step[step + 1] - at_step[step] for step in range(1, 8)}

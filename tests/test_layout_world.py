@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from framework import world
-from framework import launch
-from framework.errors import ConfigError
 from framework.config.validate import validate
+from framework.errors import ConfigError
+from framework.launch import admission
+from framework.runtime import world
 from framework.strategies.registry import strategy_class
 from tests.test_cluster_gpus import eight_gpus  # noqa: F401  (the fixture clears launcher variables)
 

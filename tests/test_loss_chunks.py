@@ -5,13 +5,13 @@ it keeps as many fewer bytes for backward on MoE as on Llama."""
 import pytest
 import torch
 
-from framework import world
 from framework.config.validate import validate
 from framework.errors import ConfigError
-from framework.loss import IGNORE_INDEX, cross_entropy
 from framework.models.gpt2.model import GPT2
 from framework.models.llama.model import Llama, init_weights
+from framework.models.loss import IGNORE_INDEX, cross_entropy
 from framework.models.moe.model import MoETransformer
+from framework.runtime import world
 from framework.strategies.registry import strategy_class
 from tests.helpers import max_rel_diff, train
 

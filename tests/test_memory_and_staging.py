@@ -9,7 +9,7 @@ from torch import nn
 from framework.checkpoint import dcp_state
 from framework.checkpoint.staging import ReusedStager
 from framework.metrics.memory import IntervalPeakMemory
-from framework.precision import Precision
+from framework.parallel.precision import Precision
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux resets the peak RSS only")

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 
-from framework import world
 from framework.data.batches import GlobalBatchSampler
 from framework.data.mixture import BLOCK, MixtureSampler, block_counts
 from framework.data.prepare import prepare
+from framework.runtime import world
 from tests.fixtures.corpora import write_pydoc_jsonl
 from tests.helpers import FAST, check_ok, losses, read_metrics, run_framework
 from tests.parity import assert_parity
@@ -127,9 +127,9 @@ def test_mixture_sources_are_typed(compose_config):
     (["trainer.sample_tokens=0"], "trainer.sample_tokens: must be positive"),
 ])
 def test_bad_data_options_are_refused_before_launch(compose_config, tmp_path, overrides, expected):
-    from framework import launch
-    from framework.errors import ConfigError
     from framework.config.validate import validate
+    from framework.errors import ConfigError
+    from framework.launch import admission
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=tiny", "data.seq_len=32", *[o.replace("DIR", str(tmp_path)) for o in overrides]])
     cls = strategy_class(cfg.parallel.name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.helpers import REPO
 
-GENERIC = ["framework/trainer.py", "framework/strategies", "framework/checkpoint", "framework/export"]
+GENERIC = ["framework/train/trainer.py", "framework/strategies", "framework/checkpoint", "framework/export"]
 FAMILIES = ("framework.models.llama",)
 
 
@@ -42,5 +42,5 @@ def test_importing_generic_code_loads_no_model_family():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "framework.trainer" in loaded and "framework.strategies.parallel3d" in loaded
+    assert "framework.train.trainer" in loaded and "framework.strategies.parallel3d" in loaded
     assert not [m for m in loaded if m.startswith(FAMILIES)], loaded

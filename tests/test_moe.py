@@ -11,10 +11,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from omegaconf import OmegaConf
 
 from framework.config.schema import ActivationCheckpointingConfig
-from framework.loss import cross_entropy, weighted_micro_batch
+from framework.models.llama.model import init_parameter
+from framework.models.loss import cross_entropy, weighted_micro_batch
 from framework.models.moe import balance
 from framework.models.moe.experts import expert_swiglu, has_grouped_mm
-from framework.models.llama.model import init_parameter
 from framework.models.moe.model import MoETransformer
 from framework.models.moe.spec import SPEC
 from framework.parallel.activation_checkpointing import apply_activation_checkpointing
@@ -239,9 +239,9 @@ def test_sigmoid_scores_and_bias_pick_other_experts_but_keep_their_weights():
     (["model=moe_tiny", "model.score_func=tanh"], "model.score_func", "softmax, sigmoid"),
 ])
 def test_bad_moe_settings_are_refused_before_work(compose_config, args, key, fragment):
-    from framework import world
     from framework.config.validate import validate
     from framework.errors import ConfigError
+    from framework.runtime import world
     from framework.strategies.registry import strategy_class
     from tests.helpers import FAST
     cfg = compose_config([*FAST, *args])

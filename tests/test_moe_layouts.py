@@ -18,7 +18,7 @@ from framework.checkpoint.manager import read_meta
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.export.read import READERS
-from framework.loss import cross_entropy
+from framework.models.loss import cross_entropy
 from framework.models.moe.spec import SPEC
 from tests.helpers import (FAST, assert_planned_model_states, check_ok, max_rel_diff, read_metrics,
                            run_framework)

@@ -16,8 +16,8 @@ from framework.config.validate import validate_initial_load
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.errors import ConfigError
-from framework.loss import cross_entropy
 from framework.models.hf_files import LayoutError
+from framework.models.loss import cross_entropy
 from framework.models.moe.spec import SPEC
 from framework.models.spec import spec_for_hf
 from tests.helpers import FAST, REPO, check_ok, read_metrics, run_framework

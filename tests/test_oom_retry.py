@@ -1,10 +1,10 @@
 """trainer.on_oom=retry: an out-of-memory error injected inside a step (FRAMEWORK_FAULT=oom:..., see
-framework/faults.py) halves the micro-batch on every rank and runs the step again; the global batch stays,
+framework/runtime/faults.py) halves the micro-batch on every rank and runs the step again; the global batch stays,
 so the losses are those of a run at the smaller micro-batch throughout. At micro-batch 1 the job stops."""
 import pytest
 
 from framework.parallel.batch_layout import BatchLayout
-from framework.step_batches import lacked
+from framework.train.step_batches import lacked
 from tests.helpers import FAST, max_rel_diff, read_metrics, run_framework
 
 MICRO4 = [*FAST, "trainer.micro_batch_size=4", "trainer.on_oom=retry"]

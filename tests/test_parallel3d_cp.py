@@ -118,9 +118,9 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_cp_rejected_before_work(compose_config, case):
-    from framework import world
     from framework.config.validate import validate
     from framework.errors import ConfigError
+    from framework.runtime import world
     from framework.strategies.registry import strategy_class
     args, key, fragment = BAD[case]
     cfg = compose_config([*FAST, "parallel=3d", "parallel.pp=1", "parallel.tp=1", "parallel.dp_shard=1", *args])

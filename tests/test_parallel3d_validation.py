@@ -2,11 +2,11 @@
 no worker started. The real entrypoint for the first cases; the rest through the same validate() in-process."""
 import pytest
 
-from framework import world
-from framework import launch
-from framework.errors import ConfigError
 from framework.config.validate import validate
+from framework.errors import ConfigError
+from framework.launch import admission
 from framework.parallel.mesh import ParallelDims
+from framework.runtime import world
 from framework.strategies.registry import strategy_class
 from tests.helpers import FAST, run_framework
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
 from framework.config.validate import validate
+from framework.launch.config_store import register_configs
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks

@@ -6,10 +6,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from framework import launch, precision
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
 from framework.config.validate import validate
+from framework.launch import admission
+from framework.launch.config_store import register_configs
+from framework.parallel import precision
 from framework.plan.__main__ import plan_for
 from framework.plan.planner import MEMORY_OVERESTIMATE
 from framework.strategies.registry import strategy_class
@@ -40,7 +41,7 @@ def test_auto_on_one_gpu_rewrites_the_config_to_a_named_strategy(one_gpu):
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=[*FAST, "parallel=auto", "device=cuda"])
-    launch.choose_auto_layout(cfg)
+    admission.choose_auto_layout(cfg)
     assert cfg.parallel.name == "single"
     validate(cfg, 1, strategy_class(cfg.parallel.name))
 

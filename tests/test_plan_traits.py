@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from framework.config.paths import CONFIG_DIR
 from framework.config.schema import ParallelConfig
 from framework.config.validate import validate
-from framework.config_store import register_configs
+from framework.launch.config_store import register_configs
 from framework.parallel.mesh import ParallelDims
 from framework.plan.auto import candidates, rank_layouts
 from framework.plan.check import _variants
@@ -211,7 +211,7 @@ def test_parallel_auto_tries_every_registered_strategy_unless_told():
 def test_the_schema_and_the_launcher_write_out_no_strategy_name():
     """Lists of strategies come from the registry (a list written out elsewhere misses the next one)."""
     names = set(registry.STRATEGIES) - set(TWINS)
-    found = [f"{path}:{node.lineno} {node.value!r}" for path in ("framework/config/schema.py", "framework/launch.py")
+    found = [f"{path}:{node.lineno} {node.value!r}" for path in ("framework/config/schema.py", "framework/launch/admission.py")
              for node in ast.walk(ast.parse((REPO / path).read_text()))
              if isinstance(node, ast.Constant) and node.value in names]
     assert not found, found
@@ -225,10 +225,10 @@ def test_the_schema_and_the_launcher_write_out_no_strategy_name():
 def test_parallel_auto_and_the_memory_check_plan_the_same_gpus_per_node(monkeypatch, overrides):
     """One rule for GPUs per node: what parallel=auto plans its pick with (launch) is what the memory check
     before launch plans the job with (plan/check)."""
+    from framework.launch import admission
     import framework.plan.auto as auto
     import framework.plan.check as check
-    from framework import launch
-    from framework.world import world_size_for
+    from framework.runtime.world import world_size_for
     seen = {}
 
     class Planned(Exception):
@@ -242,7 +242,7 @@ def test_parallel_auto_and_the_memory_check_plan_the_same_gpus_per_node(monkeypa
     monkeypatch.setattr(auto, "choose_layout", record("auto"))
     monkeypatch.setattr(check, "make_plan", record("check"))
     with pytest.raises(Planned):
-        launch.choose_auto_layout(_config("parallel=auto", *overrides))
+        admission.choose_auto_layout(_config("parallel=auto", *overrides))
     cfg = _config("parallel=ddp", *overrides)
     with pytest.raises(Planned):
         check.refuse_if_it_cannot_fit(cfg, world_size_for(cfg, strategy_class("ddp")), lambda c: None)

@@ -5,10 +5,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-import framework.precision as precision
-from framework.errors import ConfigError
 from framework.config.schema import PrecisionConfig
+from framework.errors import ConfigError
 from framework.models.llama import Llama, init_weights
+import framework.parallel.precision as precision
 from tests.helpers import read_metrics, run_framework, train, train_run
 from tests.parity import assert_parity
 

@@ -9,8 +9,8 @@ from framework.data.batches import GlobalBatchSampler, split_train_val
 from framework.data.ramp import BatchSizes
 from framework.data.sources import streams
 from framework.errors import ConfigError
-from framework.loss import cross_entropy, weighted_micro_batch
 from framework.models.factory import ModelFactory
+from framework.models.loss import cross_entropy, weighted_micro_batch
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from tests.helpers import validate_composed, FAST, check_ok, losses, max_rel_diff, read_metrics, run_framework

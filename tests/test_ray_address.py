@@ -1,4 +1,4 @@
-"""launcher.ray.address must lead to a Ray head, checked with a handshake (framework.launchers.ray_probe) within the
+"""launcher.ray.address must lead to a Ray head, checked with a handshake (framework.launch.ray_probe) within the
 check's deadline: a TCP connection alone let a job wait forever in Ray's own connect loop ("Failed to connect to
 GCS") wherever something else listened. Against listeners that are not Ray (one that never speaks, one that closes
 at once, an HTTP server, gRPC servers without Ray's services); against a real head: tests/test_ray_engine.py."""
@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from framework.errors import ConfigError
-from framework.launchers import ray as ray_launcher
+from framework.launch import ray as ray_launcher
 from tests.helpers import FAST, run_framework
 from tests.listeners import Listener, http_server
 

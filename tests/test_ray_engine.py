@@ -118,7 +118,7 @@ def test_the_address_check_shakes_hands_with_a_real_head(ray_cluster):
     """The head's GCS as host:port and its Ray Client server as ray://host:port pass; each given in the other's form
     is refused, naming the form it takes. Listeners that are not Ray: tests/test_ray_address.py."""
     from framework.errors import ConfigError
-    from framework.launchers.ray import _reachable
+    from framework.launch.ray import _reachable
     gcs, client = ray_cluster.address, ray_cluster.client_address
     _reachable(gcs)
     _reachable(client)
@@ -135,7 +135,7 @@ def test_the_address_check_shakes_hands_with_a_real_head(ray_cluster):
                                           ("just-a-name", "'just-a-name' is not host:port (or ray://host:port)")])
 def test_an_address_that_cannot_be_a_ray_head_is_refused_naming_it(address, said):
     from framework.errors import ConfigError
-    from framework.launchers.ray import _host_port, _reachable
+    from framework.launch.ray import _host_port, _reachable
     assert _host_port("ray://head:10001") == ("head", 10001) and _host_port("10.0.0.1:6379") == ("10.0.0.1", 6379)
     with pytest.raises(ConfigError) as refused:
         _reachable(address)

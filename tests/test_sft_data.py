@@ -17,7 +17,7 @@ from framework.data.chat import ChatError
 from framework.data.documents import DocumentError
 from framework.data.prepare import ChatOptions, prepare
 from framework.data.token_dataset import open_mask, open_starts, open_tokens, read_manifest
-from framework.loss import IGNORE_INDEX, cross_entropy, global_batch
+from framework.models.loss import IGNORE_INDEX, cross_entropy, global_batch
 from tests.helpers import run_framework
 
 transformers = pytest.importorskip("transformers")

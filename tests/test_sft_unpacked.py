@@ -25,7 +25,7 @@ from framework.data.batches import build_samplers, micro_batches
 from framework.data.examples import COUNTS, OneExampleARow, cut_counts
 from framework.data.prepare import ChatOptions, prepare
 from framework.data.token_dataset import open_mask, open_starts, open_tokens
-from framework.loss import IGNORE_INDEX, cross_entropy, global_batch
+from framework.models.loss import IGNORE_INDEX, cross_entropy, global_batch
 from tests.helpers import check_ok, read_metrics, run_framework
 
 transformers = pytest.importorskip("transformers")

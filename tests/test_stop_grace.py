@@ -2,7 +2,7 @@
 and exit after it passes a preemption signal on, before it SIGKILLs them."""
 from torch.distributed.launcher.api import LaunchConfig
 
-from framework.launchers.torch import agent_options
+from framework.launch.torch import agent_options
 from tests.helpers import FAST, run_framework
 
 

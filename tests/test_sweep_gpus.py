@@ -7,8 +7,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from framework import sweep_gpus
 from framework.errors import ConfigError
+from framework.launch import sweep_gpus
 from tests.helpers import FAST, REPO
 
 JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
@@ -28,7 +28,7 @@ def test_two_concurrent_points_on_8_gpus_get_disjoint_halves(tmp_path):
     assert sweep_gpus.share_gpus_among_points(joblib(2), str(tmp_path), None, env, 8) == "0,1,2,3"
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     # a second pool worker (its own process, so its own lock) takes the other half
-    code = ("import os, sys; from omegaconf import OmegaConf; from framework import sweep_gpus as s; "
+    code = ("import os, sys; from omegaconf import OmegaConf; from framework.launch import sweep_gpus as s; "
             f"print(s.share_gpus_among_points(OmegaConf.create({{'_target_': {JOBLIB!r}, 'n_jobs': 2}}), "
             f"{str(tmp_path)!r}, None, {{}}, 8))")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -98,7 +98,7 @@ def test_the_sweeps_own_process_records_the_machines_gpus_before_submitit_hides_
 def _point_slices(sweep_dir, job: str, tasks: int, node_gpus: str, nproc: int, started: list) -> list[str]:
     """Every task of one point, each its own process as submitit starts them (task 0 lives on a while, holding
     its slot, as it would while the point trains); the processes go into `started`."""
-    code = ("import os, sys, time; from omegaconf import OmegaConf; from framework import sweep_gpus as s; "
+    code = ("import os, sys, time; from omegaconf import OmegaConf; from framework.launch import sweep_gpus as s; "
             "env = dict(os.environ); "
             f"print(s.share_gpus_among_local_jobs(OmegaConf.create({{'_target_': {LOCAL!r}}}), {str(sweep_dir)!r}, "
             f"{nproc}, env), env['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(float(sys.argv[1]))")

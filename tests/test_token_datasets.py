@@ -4,9 +4,9 @@ boundaries is exact, and ddp x2 gives the single-process run."""
 import numpy as np
 import pytest
 
-from framework import world
 from framework.data.batches import build_samplers
 from framework.data.token_dataset import read_manifest
+from framework.runtime import world
 from tests.fixtures.corpora import write_pydoc_jsonl
 from tests.helpers import FAST, SAVE_LAST, check_ok, losses, run_framework
 from tests.parity import assert_parity
@@ -102,9 +102,9 @@ def _data_cfg(dataset):
 
 def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
     """Without the launcher filling data.vocab_size from the manifest, a smaller one is caught from it."""
-    from framework import launch
-    from framework.errors import ConfigError
     from framework.config.validate import validate
+    from framework.errors import ConfigError
+    from framework.launch import admission
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=tiny", "data=tokens", f"data.path={dataset}", "data.seq_len=32",
                           "data.vocab_size=300", "model.vocab_size=300"])

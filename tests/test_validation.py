@@ -9,8 +9,8 @@ import pytest
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from framework import launch
 from framework.errors import ConfigError
+from framework.launch import admission
 from tests.helpers import validate_composed, run_framework
 
 # Data files for the bad-input cases: an empty corpus and one of 100 bytes (byte-level: 100 tokens).

@@ -33,13 +33,14 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from framework import faults, storage
+from framework import storage
 from framework.checkpoint.manifest import first_damage, shared_first_damage, shared_manifest
 from framework.checkpoint.retention import Saved, kept_steps, score_of
 from framework.checkpoint.signing import signature_problem, signed, signing_key
 from framework.checkpoint.unpickle import UnsafeCheckpointError, load_torch
 from framework.data import tokenizer
 from framework.redact import redacted_yaml
+from framework.runtime import faults
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 META, TRAINER, CONFIG, STATE, RNG = "meta.json", "trainer.json", "config.yaml", "state", "rng"
@@ -183,7 +184,7 @@ def completed_checkpoint(cfg, run_dir: str) -> str | None:
 
 def resolve_resume(cfg, run_dir: str, continues: bool = False, announce: bool = False) -> str | None:
     """checkpoint.resume: null -> None; auto -> newest complete (or None); a path -> that path.
-    `continues`: this worker group re-forms an earlier one of the job (framework.elastic).
+    `continues`: this worker group re-forms an earlier one of the job (framework.runtime.elastic).
     `announce` (the trainer's rank 0): say in one line where auto looked and what it found, so that a
     requeued job that starts over in an empty dir says so."""
     resume = cfg.checkpoint.resume

@@ -1,6 +1,6 @@
 """The rules of the options that change a step's batch mid-run: trainer.rampup_batch_size (global batches
 that grow, framework/data/ramp.py) and trainer.on_oom=retry (micro-batches halved after an out-of-memory
-error, framework/step_batches.py). Every layout a run may reach must be one the strategy serves: each is
+error, framework/train/step_batches.py). Every layout a run may reach must be one the strategy serves: each is
 validated as if it were the configured one, and a refusal names both keys."""
 from __future__ import annotations
 

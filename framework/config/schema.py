@@ -17,13 +17,13 @@ from typing import Annotated, Any, Literal, Optional
 from omegaconf import MISSING
 
 from framework.checkpoint.retention import SCORE_MODES
-from framework.cluster.engines import ENGINES
 from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.models.lora import BASE_DTYPES
 from framework.optim.schedulers import SCHEDULES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
-from framework.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
+from framework.parallel.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
+from framework.runtime.engines import ENGINES
 from framework.storage.timeouts import DEFAULT_TIMEOUT_S as STORAGE_TIMEOUT_S
 
 

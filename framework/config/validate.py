@@ -12,26 +12,27 @@ import torch
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-from framework import determinism, storage
+from framework import storage
+from framework.runtime import determinism
 from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
                                          completed_checkpoint, read_rng, resolve_resume)
 from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
 from framework.checkpoint.unpickle import UnsafeCheckpointError
-from framework.cluster.engines import workers_here
-from framework.errors import ConfigError, MissingExtra, installed
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys, is_explicit
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data import tokenizer
 from framework.data.sources import DataError, check_token_range, source_of, streams
-from framework.devices import check_visible_gpus
+from framework.errors import ConfigError, MissingExtra, installed
 from framework.metrics.trackers import TRACKERS, tracker_class
 from framework.metrics.trackers.mlflow_tracker import tracking_uri
 from framework.models import hf_files
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
-from framework.preemption import signal_number
+from framework.runtime.devices import check_visible_gpus
+from framework.runtime.engines import workers_here
+from framework.runtime.preemption import signal_number
 from framework.storage.timeouts import set_timeout as set_storage_timeout
 
 EXAMPLE_TARGET = "framework.models.llama.Llama"

@@ -25,7 +25,7 @@ import torch
 from framework.data.examples import OneExampleARow, cut_counts
 from framework.data.ramp import BatchSizes
 from framework.data.rows import PAD_ID, Rows
-from framework.loss import IGNORE_INDEX
+from framework.models.loss import IGNORE_INDEX
 
 
 class Windows:

@@ -17,12 +17,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from framework import exit_codes, launch
-from framework.errors import ConfigError
-from framework.redact import redacted
+from framework import exit_codes
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
 from framework.config.validate import validate
+from framework.errors import ConfigError
+from framework.launch import admission
+from framework.launch.config_store import register_configs
+from framework.redact import redacted
 from framework.k8s.manifests import (CONFIG_SUFFIX, KIND_OVERRIDES, KINDS, SECRET_SUFFIX, JobSpec, config_map,
                                      rfc1035, secret, secrets_out)
 from framework.strategies.registry import strategy_class
@@ -84,8 +85,8 @@ def manifests_for(args: argparse.Namespace, overrides: list[str], name: str, com
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     register_configs()
-    OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-    OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+    OmegaConf.register_new_resolver("fw_run_dir", admission.agree_run_dir, replace=True)
+    OmegaConf.register_new_resolver("fw_hydra_subdir", admission.hydra_output_subdir, replace=True)
     points = sweep_points(args.overrides, args.multirun)
     base = rfc1035(args.name, 63 - len(f"-{len(points)}{max(CONFIG_SUFFIX, SECRET_SUFFIX, key=len)}"))
     docs = []

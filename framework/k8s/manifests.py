@@ -3,7 +3,7 @@ or a PyTorchJob (training operator v1) whose pods run `python -m framework` on i
 entrypoint runs it with launcher.engine=ray on the Ray cluster the RayJob brings up.
 
 Kubeflow: every pod runs the same command; the operator's env (PET_* / RANK) tells the nodes apart and
-framework.cluster.env turns it into a rendezvous. RayJob: the entrypoint runs once, on the head (the driver),
+framework.runtime.cluster_env turns it into a rendezvous. RayJob: the entrypoint runs once, on the head (the driver),
 and Ray places the workers on the worker group's pods. The run dir (with its checkpoints, unless
 checkpoint.dir names a bucket) lives on a volume the user names, mounted on every pod, so a restarted job
 resumes with checkpoint.resume=auto.

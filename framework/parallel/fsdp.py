@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from framework.parallel.blocks import find_blocks
-from framework.precision import DTYPES
+from framework.parallel.precision import DTYPES
 
 
 def mixed_precision_policy(precision_cfg) -> MixedPrecisionPolicy:

@@ -16,7 +16,6 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from framework.host_memory import returning_large_frees
 from framework.models.factory import ModelFactory
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.expert_parallel import apply_expert_parallel
@@ -25,6 +24,7 @@ from framework.parallel.fsdp import apply_fsdp
 from framework.parallel.mesh import Meshes
 from framework.parallel.tensor_parallel import apply_tensor_parallel
 from framework.parallel.tied import retie
+from framework.runtime.host_memory import returning_large_frees
 
 
 @dataclass

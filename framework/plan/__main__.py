@@ -15,17 +15,17 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework import exit_codes
-from framework.errors import ConfigError
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests
+from framework.errors import ConfigError
+from framework.launch.config_store import register_configs
 from framework.plan.check import planned_device, planned_world
 from framework.plan.hardware import measured_cpu
 from framework.plan.planner import Plan, make_plan
 from framework.plan.report import table
+from framework.runtime.world import world_size_for
 from framework.strategies.registry import strategy_class
-from framework.world import world_size_for
 
 
 def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:

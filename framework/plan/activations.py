@@ -39,14 +39,14 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from framework.loss import cross_entropy
+from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks
+from framework.parallel.precision import compute_dtype
 from framework.plan import attention_kernel, few_blocks
 from framework.plan.cache_key import config_key
 from framework.plan.layout import Casting
-from framework.precision import compute_dtype
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
 COPIES = "copies"       # autocast's casts of the weights: split by tp like the weights, not by micro-batch

@@ -15,7 +15,7 @@ from functools import lru_cache
 import torch
 from omegaconf import OmegaConf
 
-from framework.loss import cross_entropy
+from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
 from framework.plan.device_timing import WARMUPS, median, time_steps

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.loss import cross_entropy
+from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
 from framework.plan import few_blocks
@@ -107,8 +107,8 @@ def _timed(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -
 def _seconds(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -> tuple[float, float]:
     from framework.parallel.compile import compile_blocks
     from framework.parallel.float8 import convert_float8
+    from framework.parallel.precision import compute_dtype
     from framework.plan.activations import job_model
-    from framework.precision import compute_dtype
     spec = spec_for(cfg.model)
     with torch.device(device):
         model = job_model(cfg, spec, casting)

@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from framework.loss import cross_entropy
+from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.blocks import find_blocks
 from framework.plan import attention_kernel, few_blocks

@@ -15,19 +15,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.errors import ConfigError
-from framework.loss import weighted_micro_batch
 from framework.config.schema import LoraConfig, ParallelConfig
-from framework.devices import join_one_process_world, prepare_worker, process_group_backend
+from framework.errors import ConfigError
 from framework.metrics.memory import local_bytes
+from framework.models.loss import weighted_micro_batch
 from framework.parallel.activation_checkpointing import validate_activation_checkpointing
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.compile import BACKENDS
 from framework.parallel.float8 import convert_float8
 from framework.parallel.mesh import ParallelDims
+from framework.parallel.precision import build_precision, validate_precision
 from framework.parallel.process_group import init_default_group
-from framework.precision import build_precision, validate_precision
+from framework.runtime.devices import join_one_process_world, prepare_worker, process_group_backend
 
 if TYPE_CHECKING:
     from framework.models.factory import ModelFactory
@@ -176,9 +176,9 @@ class Strategy:
         architecture, float8 or compile: 8 workers on 2 cores start seconds later): the strategy's modules,
         and on CPU also the strategy's and the model spec's own modules and what the model, float8 and compile
         import (on a GPU those are left to the workers: their imports are not known never to ask CUDA)."""
-        from framework.devices import device_type
         from framework.models.spec import spec_for
         from framework.parallel import compile as compiling, float8
+        from framework.runtime.devices import device_type
         if device_type(cfg) != "cpu":
             return cls.worker_preload(cfg)
         spec = spec_for(cfg.model)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
-from framework.world import OPEN_CPU_WORKERS
+from framework.errors import ConfigError
+from framework.runtime.world import OPEN_CPU_WORKERS
 from framework.strategies.base import AutoLayout, TorchStrategy
 
 # torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are

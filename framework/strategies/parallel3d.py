@@ -26,12 +26,12 @@ import torch.distributed as dist
 from torch import nn
 
 from framework.errors import ConfigError
-from framework.devices import device_type
 from framework.models.spec import spec_for
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import SPLIT_BACKWARD, build_schedule, canonical_name, stage_ids, validate_pipeline
+from framework.runtime.devices import device_type
 from framework.strategies.base import AutoLayout, TorchStrategy
 from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, UnitSharded
 

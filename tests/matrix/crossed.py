@@ -11,7 +11,7 @@ import tempfile
 
 from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.pipeline import SCHEDULES as PP_SCHEDULES
-from framework.precision import FLOAT8_RECIPES
+from framework.parallel.precision import FLOAT8_RECIPES
 
 #: config path -> the values the matrix tries (group options are crossed by their config group: tests/matrix/axes.py)
 CROSSED: dict[str, tuple] = {

@@ -1,5 +1,5 @@
 """Whether the framework admits a job: its own composition (Hydra, conf/) and its own checks before launch
-(framework.launch.admit), asked in this process in milliseconds, never a rule of the matrix's."""
+(framework.launch.admission.admit), asked in this process in milliseconds, never a rule of the matrix's."""
 from __future__ import annotations
 
 import copy
@@ -11,10 +11,10 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from framework import launch
 from framework.config.paths import CONFIG_DIR
-from framework.config_store import register_configs
 from framework.errors import ConfigError
+from framework.launch import admission
+from framework.launch.config_store import register_configs
 from framework.parallel.mesh import DIMS
 from tests.matrix.axes import Axis
 
@@ -53,8 +53,8 @@ class Oracle:
         self._verdicts: dict[tuple, str | None] = {}
         self._worlds: dict[tuple, int] = {}
         register_configs()
-        OmegaConf.register_new_resolver("fw_run_dir", launch.agree_run_dir, replace=True)
-        OmegaConf.register_new_resolver("fw_hydra_subdir", launch.hydra_output_subdir, replace=True)
+        OmegaConf.register_new_resolver("fw_run_dir", admission.agree_run_dir, replace=True)
+        OmegaConf.register_new_resolver("fw_hydra_subdir", admission.hydra_output_subdir, replace=True)
         self._hydra = initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None)
         self._hydra.__enter__()
 
@@ -120,7 +120,7 @@ class Oracle:
         except (HydraException, OmegaConfBaseException) as e:
             return "hydra: " + " ".join(str(e).split())
         try:
-            _, world, _ = launch.admit(cfg, explicit={o.split("=")[0] for o in groups[len(BASE):] + fields})
+            _, world, _ = admission.admit(cfg, explicit={o.split("=")[0] for o in groups[len(BASE):] + fields})
         except ConfigError as e:
             return f"error: {e}"
         if world <= MAX_WORLD:

@@ -172,7 +172,7 @@ def journey_report(show_calls: bool) -> list[str]:
                 if not path or path[-1] != module:
                     path.append(module)
             calls += record["calls"]
-        if not path or path[-1] != "framework.trainer":
+        if not path or path[-1] != "framework.train.trainer":
             raise SystemExit(f"{title}: the config never reached the trainer: {path}")
         figures = path_figures(path)
         out.append(f"the config's journey, {title}: {figures['modules']} modules, {figures['moves']} moves between "

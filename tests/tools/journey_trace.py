@@ -17,9 +17,9 @@ import sys
 import time
 
 #: module -> the function through which the job's config enters a process (the launcher's first, then a worker's)
-ENTRIES = {"framework.launch": "run", "framework.worker": "run_worker"}
+ENTRIES = {"framework.launch.admission": "run", "framework.train.worker": "run_worker"}
 #: the module where the journey ends: the worker's trainer
-END = "framework.trainer"
+END = "framework.train.trainer"
 PACKAGE = "framework"
 
 _state: dict = {"active": False}

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.loss import deferred_logits
 from framework.models.documents import DocumentLayout, attend
+from framework.models.loss import deferred_logits
 from framework.models.positions import token_positions
 from framework.models.seeding import param_seed
 
@@ -31,7 +31,7 @@ class GPT2Args:
     max_seq_len: int = 1024                 # learned position embeddings (the longest sequence)
     norm_eps: float = 1e-5                  # LayerNorm epsilon
     init_std: float = 0.02                  # standard deviation of the seeded normal init
-    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/models/loss.py), 0 = all at once
     loss_chunk_tokens: int = 0
 
     @property

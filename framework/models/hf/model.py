@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from framework.errors import ConfigError
-from framework.loss import deferred_logits
 from framework.models.documents import positions_in_documents
+from framework.models.loss import deferred_logits
 from framework.models.moe.balance import with_aux_loss
 
 
@@ -73,7 +73,7 @@ class HFCausalLM(nn.Module):
                  loss_chunk_tokens: int = 0):
         """`load_weights=False` builds `pretrained`'s architecture without reading its weights (the caller
         fills them, e.g. each rank its own shards). `loss_chunk_tokens` > 0: in training, return the last
-        hidden states and leave the output embedding to the loss, chunk by chunk (framework/loss.py)."""
+        hidden states and leave the output embedding to the loss, chunk by chunk (framework/models/loss.py)."""
         super().__init__()
         self.loss_chunk_tokens = loss_chunk_tokens
         transformers = require_transformers()

@@ -36,7 +36,7 @@ class HFModelConfig:
     _target_: str = "framework.models.hf.HFCausalLM"   # the model class built (the family's)
     pretrained: Optional[str] = None    # a local dir: config.json + safetensors weights
     config: Optional[str] = None        # a dir or config.json: a fresh model from the seed
-    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/models/loss.py), 0 = all at once
     loss_chunk_tokens: int = 0
 
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from framework.loss import deferred_logits
 from framework.models.documents import DocumentLayout, attend
+from framework.models.loss import deferred_logits
 from framework.models.positions import position_rows
 from framework.models.seeding import param_seed
 
@@ -60,7 +60,7 @@ class LlamaArgs:
     max_seq_len: int = 2048                 # longest sequence the positions are built for
     tie_embeddings: bool = False            # the output head shares the embedding's weight
     init_std: float = 0.02                  # standard deviation of the seeded normal init
-    # training: the loss projects and upcasts this many tokens' logits at a time (framework/loss.py), 0 = all at once
+    # training: the loss projects and upcasts this many tokens' logits at a time (framework/models/loss.py), 0 = all at once
     loss_chunk_tokens: int = 0
 
     @property

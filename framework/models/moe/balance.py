@@ -9,7 +9,7 @@ size, data/expert-parallel layout and pipeline split:
     expert and summed scores; one all-reduce over the world makes them the global batch's f_e and P_e.
   - each training forward then adds E * sum_e f_e * P_e(its tokens) through an identity on the hidden
     states whose backward feeds it, weighted like the micro-batch's LM loss
-    (framework.loss.micro_batch_weight); summed over the step's micro-batches and averaged over the
+    (framework.models.loss.micro_batch_weight); summed over the step's micro-batches and averaged over the
     data-parallel ranks as the gradients are, that is exactly the gradient of E * sum_e f_e * P_e of the
     global batch. The pass costs one forward without gradient a step; a step that is one forward in the
     world (one process, one micro-batch) is its own global batch and runs none.
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from framework.loss import micro_batch_weight
+from framework.models.loss import micro_batch_weight
 from framework.models.shape_inference import inferring
 
 _LAYERS: "weakref.WeakSet" = weakref.WeakSet()

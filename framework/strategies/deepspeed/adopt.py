@@ -13,10 +13,10 @@ import json
 
 from omegaconf import OmegaConf
 
-from framework.errors import ConfigError
 from framework.config.explicit import is_explicit
+from framework.errors import ConfigError
 from framework.parallel.batch_layout import micro_batch_for
-from framework.precision import COMPUTE_DTYPES
+from framework.parallel.precision import COMPUTE_DTYPES
 from framework.strategies.deepspeed.config import has_fp16_hardware, load_user_config
 from framework.strategies.deepspeed.values import AUTO, MISSING, lookup, same
 

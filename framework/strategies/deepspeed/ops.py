@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from framework.errors import ConfigError
-from framework.devices import device_type
+from framework.runtime.devices import device_type
 
 
 def skip_inference_comm_op() -> None:

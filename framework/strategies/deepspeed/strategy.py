@@ -14,20 +14,20 @@ from typing import Optional
 import torch
 
 from framework.errors import ConfigError
-from framework.devices import device_type
-from framework.host_memory import returning_large_frees
-from framework.loss import weighted_micro_batch
 from framework.metrics.memory import local_bytes
+from framework.models.loss import weighted_micro_batch
 from framework.parallel.activation_checkpointing import MODES as AC_MODES
 from framework.parallel.build_order import checkpoint_compile_wrap
-from framework.precision import compute_dtype
+from framework.parallel.precision import compute_dtype
+from framework.runtime.devices import device_type
+from framework.runtime.host_memory import returning_large_frees
+from framework.runtime.world import OPEN_CPU_WORKERS
 from framework.strategies.base import AutoLayout, Strategy
 from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
 from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.strategies.deepspeed.restricted_load import restricted_engine_load
-from framework.world import OPEN_CPU_WORKERS
 
 
 def _use_cpu_accelerator() -> None:

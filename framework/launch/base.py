@@ -1,4 +1,4 @@
-"""What an engine does for framework.launch: refuse what it cannot run before any work, start what can overlap
+"""What an engine does for framework.launch.admission: refuse what it cannot run before any work, start what can overlap
 the rest of the launch, then run the workers on the validated, resolved config."""
 from __future__ import annotations
 

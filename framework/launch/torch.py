@@ -1,5 +1,5 @@
 """launcher.engine=torch: the workers are this process (one of torchrun's, a SLURM step's task, a Kubeflow pod's
-process: framework.cluster.env says which), or spawned on this host through torch's elastic launcher, which
+process: framework.runtime.cluster_env says which), or spawned on this host through torch's elastic launcher, which
 restarts the group (launcher.max_restarts) and meets other nodes at a rendezvous."""
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes, storage
 from framework.checkpoint.manager import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
-from framework.cluster.env import Node, Worker, discover
-from framework.launchers.base import Engine
-from framework.preemption import ignoring, stopping_once_on
+from framework.launch.base import Engine
 from framework.redact import redacted
-from framework.world import nproc_for_node, under_torchrun
+from framework.runtime.cluster_env import Node, Worker, discover
+from framework.runtime.preemption import ignoring, stopping_once_on
+from framework.runtime.world import nproc_for_node, under_torchrun
 
 
 class TorchEngine(Engine):
@@ -39,7 +39,7 @@ class TorchEngine(Engine):
             spawn_workers(self.cfg, nproc_for_node(self.cfg, self.strategy_cls, self.placement), run_dir,
                           self.placement)
             return
-        from framework.worker import run_worker
+        from framework.train.worker import run_worker
         environ = dict(os.environ)
         try:
             if isinstance(self.placement, Worker):
@@ -54,7 +54,7 @@ class TorchEngine(Engine):
 
 #: what every job's workers import, whatever the strategy (torch._dynamo: DDP and FSDP import it on their
 #: first wrap, ~1 s of CPU in each worker)
-FORK_SERVER_PRELOAD = ("framework.worker", "torch._dynamo")
+FORK_SERVER_PRELOAD = ("framework.train.worker", "torch._dynamo")
 
 
 def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) -> None:
@@ -63,7 +63,7 @@ def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) 
     ~20 s later). Started as soon as the job is known to spawn workers, its imports overlap the launcher's
     own. The server a process started first serves its later jobs too (a sweep's points): their workers import
     what it did not preload themselves (replacing a running server needs multiprocessing's private internals),
-    and a sweep that mixes strategies can name their union in launcher.preload. framework.fork_server_exit comes
+    and a sweep that mixes strategies can name their union in launcher.preload. framework.launch.fork_server_exit comes
     last: the server then leaves without tearing its modules down.
 
     The server (and multiprocessing's resource tracker, started with it) ignores the preemption signals:
@@ -71,7 +71,7 @@ def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) 
     workers, with it (their parent-death signal) before they could save. Workers restore the defaults."""
     from multiprocessing import forkserver
     multiprocessing.set_forkserver_preload([*dict.fromkeys([*FORK_SERVER_PRELOAD, *worker_modules]),
-                                            "framework.fork_server_exit"])
+                                            "framework.launch.fork_server_exit"])
     with ignoring(preempt_signals):
         forkserver.ensure_running()
 
@@ -137,7 +137,7 @@ def spawn_workers(cfg: DictConfig, nproc: int, run_dir: str, node: Node | None =
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from framework.worker import REFUSED_RESUME, worker_entry
+    from framework.train.worker import REFUSED_RESUME, worker_entry
 
     rendezvous = dict(min_nodes=1, max_nodes=1, run_id=f"framework-{uuid.uuid4().hex[:8]}",
                       rdzv_backend="c10d", rdzv_endpoint="localhost:0")
@@ -198,7 +198,7 @@ def recorded_message(failure) -> str:
 
 def describe_failure(failure) -> str:
     """How a worker died, in a few words: a signal, a stall, or the exception it recorded."""
-    from framework.watchdog import STALL_DIR
+    from framework.runtime.watchdog import STALL_DIR
     if failure.exitcode < 0:
         return f"was killed by {failure.signal_name()}"
     if failure.exitcode == exit_codes.STALL:

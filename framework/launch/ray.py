@@ -5,7 +5,7 @@ RAY_ADDRESS (what `ray job submit` and a KubeRay RayJob give their entrypoint), 
 here for the job. The workers are the strategy's world (launcher.nproc_per_node, or what its degrees ask),
 placed by Ray; each asks for `launcher.ray.resources_per_worker` (Ray's default: one CPU, and one GPU when the
 job trains on GPUs). Ray's torch backend forms the process group, and every worker runs the framework's own
-worker (framework.launchers.ray_worker). `launcher.max_restarts` is Ray's FailureConfig(max_failures): a
+worker (framework.launch.ray_worker). `launcher.max_restarts` is Ray's FailureConfig(max_failures): a
 failed group is started again and continues from the newest complete checkpoint. Ray's own files for the run
 (RunConfig.storage_path) go where the checkpoints go: checkpoint.dir, a path or a bucket.
 """
@@ -18,16 +18,16 @@ import uuid
 
 from framework import storage
 from framework.checkpoint.manager import checkpoint_dir
-from framework.cluster.env import discover
-from framework.devices import process_group_backend
 from framework.errors import ConfigError
-from framework.faults import FAULTS_ENV
-from framework.launchers.base import Engine
-from framework.launchers.ray_probe import handshake
+from framework.launch.base import Engine
+from framework.launch.ray_probe import handshake
 from framework.redact import redacted
-from framework.world import under_torchrun
+from framework.runtime.cluster_env import discover
+from framework.runtime.devices import process_group_backend
+from framework.runtime.faults import FAULTS_ENV
+from framework.runtime.world import under_torchrun
 
-#: the driver's environment that the workers get too: the test switch of framework.faults
+#: the driver's environment that the workers get too: the test switch of framework.runtime.faults
 FORWARDED_ENV = (FAULTS_ENV,)
 #: how long the address check waits for the cluster's head to take the connection, and then to answer
 CONNECT_TIMEOUT_S = 10.0
@@ -43,7 +43,7 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def _reachable(address: str) -> None:
-    """A TCP connection to the head, then a handshake with it (framework.launchers.ray_probe), each within
+    """A TCP connection to the head, then a handshake with it (framework.launch.ray_probe), each within
     CONNECT_TIMEOUT_S, so a wrong address fails in seconds: Ray's own driver retries without end where something
     else listens."""
     host, port = _host_port(address)
@@ -104,7 +104,7 @@ class RayEngine(Engine):
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        from framework.launchers.ray_worker import train_loop
+        from framework.launch.ray_worker import train_loop
         cfg = self.cfg
         import torch
         backend = process_group_backend(cfg, torch.device("cuda" if self.use_gpu else "cpu"))

@@ -8,7 +8,7 @@ worker exits with exit_codes.REQUEUE. The vote is all-reduced in the background 
 later, so that no step waits for the device (on a GPU, reading it at once would stall the host every
 step); every rank reads the same vote after the same step, so they still stop together.
 
-The launcher's side (framework.launch): its fork server ignores these signals (`ignoring`), so a signal to
+The launcher's side (framework.launch.admission): its fork server ignores these signals (`ignoring`), so a signal to
 the whole process group reaches the workers and not their parent; the launcher passes the first one on to
 the workers and ignores repeats while they save (`stopping_once_on`).
 """

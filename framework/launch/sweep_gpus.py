@@ -174,7 +174,7 @@ def for_this_point(cfg) -> None:
     if cfg.device != "cpu" and share_gpus_among_local_jobs(hydra_cfg.launcher, hydra_cfg.sweep.dir,
                                                            cfg.launcher.nproc_per_node, os.environ) is not None:
         return
-    from framework.devices import device_type
+    from framework.runtime.devices import device_type
     if device_type(cfg) != "cuda":
         return
     import torch

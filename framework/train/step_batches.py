@@ -17,10 +17,10 @@ import sys
 
 import torch
 
-from framework import faults
 from framework.data.batches import micro_batches
 from framework.data.ramp import BatchSizes
-from framework.loss import cross_entropy
+from framework.objectives.base import Objective
+from framework.runtime import faults
 
 
 class OutOfMemoryAtOneSequence(RuntimeError):
@@ -37,9 +37,10 @@ def lacked(message: str) -> str:
 
 
 class StepBatches:
-    def __init__(self, cfg, strategy):
+    def __init__(self, cfg, strategy, objective: Objective):
         t = cfg.trainer
         self.strategy = strategy
+        self.objective = objective
         self.sizes = BatchSizes(t.global_batch_size, t.rampup_batch_size)
         self.layout = strategy.batch_layout(cfg, strategy.world_size)     # at the final global batch size
         self.retry = t.on_oom == "retry"
@@ -67,7 +68,7 @@ class StepBatches:
             failed = None
             try:
                 loss = s.forward_backward([] if local is None else micro_batches(local, layout.micro_batch),
-                                          cross_entropy)
+                                          self.objective)
                 faults.inject("oom", step, micro=layout.forward_batch)
             except torch.OutOfMemoryError as e:
                 if not self.retry:

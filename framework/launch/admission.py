@@ -1,5 +1,5 @@
-"""Validate, then hand the job to its engine (launcher.engine, framework.cluster.engines): torch's (workers in
-this process or spawned here: framework.launchers.torch) or Ray's (framework.launchers.ray).
+"""Validate, then hand the job to its engine (launcher.engine, framework.runtime.engines): torch's (workers in
+this process or spawned here: framework.launch.torch) or Ray's (framework.launch.ray).
 
 Validation happens here, before any worker or process group exists. Spawned workers do not
 compose the config again: they get the resolved config the parent validated (and wrote to the run dir).
@@ -13,17 +13,18 @@ from datetime import timedelta
 
 from omegaconf import DictConfig
 
-from framework import exit_codes, sweep_gpus
-from framework.cluster.engines import engine_class
-from framework.cluster.env import discover, stable_job_dir
+from framework import exit_codes
 from framework.checkpoint.manager import completed_checkpoint
-from framework.errors import ConfigError
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
-from framework.world import spawned_workers, under_torchrun, world_size_for
+from framework.errors import ConfigError
+from framework.launch import sweep_gpus
 from framework.metrics import trackers
 from framework.metrics.logger import final_value
 from framework.redact import redacted, redacted_yaml
+from framework.runtime.cluster_env import discover, stable_job_dir
+from framework.runtime.engines import engine_class
+from framework.runtime.world import spawned_workers, under_torchrun, world_size_for
 from framework.strategies.registry import strategy_class
 
 RESOLVED_CONFIG = "config.yaml"
@@ -39,7 +40,7 @@ def is_rank_zero() -> bool:
 def agree_run_dir(candidate: str) -> str:
     """The default run dir (no hydra.run.dir given): every rank must use the same one, and a requeued
     job must find its own again. Where the launcher names the job (SLURM's job id, a rendezvous id the
-    user gave torchrun, ...: framework.cluster.env.stable_job_dir) every rank and every attempt derives
+    user gave torchrun, ...: framework.runtime.cluster_env.stable_job_dir) every rank and every attempt derives
     the same dir from it.
 
     Otherwise, under torchrun, its agent hosts a key-value store that every worker reaches at

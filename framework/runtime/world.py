@@ -1,7 +1,7 @@
 """How many workers a job has: the one place that decides, for the launcher, validation and the planner.
 
 Whoever started the processes says first (torchrun's WORLD_SIZE, a SLURM step or Kubeflow pod through
-framework.cluster.env); then launcher.nproc_per_node; then, on CUDA where the strategy takes any number
+framework.runtime.cluster_env); then launcher.nproc_per_node; then, on CUDA where the strategy takes any number
 of workers, one per visible GPU; else the number the strategy's degrees ask for (`workers_wanted`).
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 
 import torch
 
-from framework.cluster.env import Node, Worker, discover
-from framework.devices import device_type
+from framework.runtime.cluster_env import Node, Worker, discover
+from framework.runtime.devices import device_type
 
 
 def under_torchrun() -> bool:

@@ -6,13 +6,10 @@ import time
 
 import torch
 
-from framework import faults
 from framework.checkpoint.manager import CheckpointManager, resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
-from framework.elastic import group_continues
-from framework.loss import cross_entropy, global_batch
 from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
 from framework.metrics.logger import truncate_metrics
@@ -21,22 +18,26 @@ from framework.metrics.samples import TextSampler
 from framework.metrics.schedule import plan_step
 from framework.metrics.step_records import StepRecords
 from framework.models.factory import ModelFactory
-from framework.nonfinite import NonFiniteLoss
+from framework.objectives.registry import objective_named
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
-from framework.preemption import Preempted, PreemptionWatch
-from framework.step_batches import StepBatches
-from framework.watchdog import StallWatchdog
+from framework.runtime import faults
+from framework.runtime.elastic import group_continues
+from framework.runtime.preemption import Preempted, PreemptionWatch
+from framework.runtime.watchdog import StallWatchdog
+from framework.train.nonfinite import NonFiniteLoss
+from framework.train.step_batches import StepBatches
 
 
 class Trainer:
     def __init__(self, cfg, strategy, run_dir: str, on_record=None):
         self.cfg = cfg
         self.strategy = strategy
-        self.on_record = on_record      # every rank's view of each metrics record (framework.worker.run_worker)
+        self.on_record = on_record      # every rank's view of each metrics record (framework.train.worker.run_worker)
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
-        self.batches = StepBatches(cfg, strategy)
+        self.objective = objective_named()
+        self.batches = StepBatches(cfg, strategy, self.objective)
         self.train_data, self.val_data = build_samplers(cfg.data, self.batches.sizes, cfg.seed,
                                                         with_val=bool(t.eval_every))
         self.text_sampler = (TextSampler(of_data(cfg.data), t.sample_prompt, t.sample_tokens, cfg.data.seq_len,
@@ -55,13 +56,14 @@ class Trainer:
 
     def _global_batch(self, sampler, step: int):
         """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
-        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step), sampler.width)
+        return self.objective.global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step),
+                                           sampler.width)
 
     def evaluate(self) -> float:
         losses = []
         for i in range(self.cfg.trainer.eval_batches):
             with self._global_batch(self.val_data, i):
-                losses.append(self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), cross_entropy))
+                losses.append(self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), self.objective))
         return float(torch.stack(losses).mean())
 
     def sample_text(self) -> str:

@@ -1,11 +1,11 @@
-"""What every Ray Train worker runs (framework.launchers.ray): the framework's own worker (strategy, trainer,
+"""What every Ray Train worker runs (framework.launch.ray): the framework's own worker (strategy, trainer,
 metrics) on the resolved config the driver validated, in the process group Ray's torch backend formed, with
 every metrics record also reported to Ray (`ray.train.report`), so Ray's dashboard and Ray Tune see them.
 
 A worker group that Ray starts again after a failure (FailureConfig) continues the job: rank 0 counts the
 group's attempts under the run dir and every rank gets the count as TORCHELASTIC_RESTART_COUNT, the variable
 through which torch's elastic agent tells its workers the same, so resuming from the newest checkpoint
-(framework.elastic) and fault injection's attempt= work alike under both engines.
+(framework.runtime.elastic) and fault injection's attempt= work alike under both engines.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 
-from framework.elastic import MARKERS
+from framework.runtime.elastic import MARKERS
 
 REPORT_QUEUE = 1024
 
@@ -68,7 +68,7 @@ def train_loop(config: dict) -> None:
     from omegaconf import OmegaConf
 
     from framework.parallel.process_group import default_timeouts
-    from framework.worker import run_worker
+    from framework.train.worker import run_worker
     cfg = OmegaConf.create(config["config"])
     default_timeouts(cfg.launcher.timeout_s)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(_agree_on_attempt(config["run_dir"], config["run_id"]))

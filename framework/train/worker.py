@@ -14,15 +14,16 @@ import traceback
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from framework import determinism, exit_codes, storage
+from framework import exit_codes, storage
 from framework.checkpoint.manager import META, ResumeRefused, checkpoint_dir, step_dir_name
 from framework.metrics.gpu_health import GpuFault
 from framework.metrics.trackers.base import TrackerError
-from framework.preemption import Preempted, pass_on, report_requeue, signal_number
-from framework.step_batches import OutOfMemoryAtOneSequence
+from framework.runtime import determinism
+from framework.runtime.preemption import Preempted, pass_on, report_requeue, signal_number
 from framework.storage.timeouts import set_timeout as set_storage_timeout
 from framework.strategies.registry import strategy_class
-from framework.trainer import Trainer
+from framework.train.step_batches import OutOfMemoryAtOneSequence
+from framework.train.trainer import Trainer
 
 PR_SET_PDEATHSIG = 1
 #: the key a worker's refusal of the checkpoint it resumes is reported under (exit code USAGE)

@@ -11,8 +11,8 @@ import socket
 
 import torch
 
-from framework.cluster.env import Node, Worker, discover
 from framework.errors import ConfigError
+from framework.runtime.cluster_env import Node, Worker, discover
 
 
 def device_type(cfg) -> str:
@@ -24,7 +24,7 @@ def device_type(cfg) -> str:
 
 def local_workers(world_size: int) -> int:
     """Workers on this node: torchrun's LOCAL_WORLD_SIZE (1 if it does not say); a SLURM/submitit task
-    or Kubeflow pod: the tasks or processes the cluster puts on this node (framework.cluster.env);
+    or Kubeflow pod: the tasks or processes the cluster puts on this node (framework.runtime.cluster_env);
     else every worker (we spawn them all here)."""
     if "LOCAL_WORLD_SIZE" in os.environ:
         return int(os.environ["LOCAL_WORLD_SIZE"])
@@ -114,7 +114,7 @@ def prepare_worker(cfg, device: torch.device) -> None:
 
 def local_gpu() -> int:
     """The GPU index this process trains on (the first one in the launcher that spawns the workers; 0 in a
-    task that sees only its own GPU: framework.cluster.env.Worker.torch_env)."""
+    task that sees only its own GPU: framework.runtime.cluster_env.Worker.torch_env)."""
     return int(os.environ.get("LOCAL_RANK", 0))
 
 

@@ -1,6 +1,6 @@
 """launcher.engine -> what runs the workers: `torch` (spawned here through torch's elastic launcher, or this
 process is one of torchrun's, a SLURM step's or a Kubeflow pod's) or `ray` (a Ray Train TorchTrainer on a Ray
-cluster). Adding an engine: one module under framework/launchers/ and one line here. Class paths are strings,
+cluster). Adding an engine: one module under framework/launch/ and one line here. Class paths are strings,
 imported only when the engine is chosen, so an engine's library is needed only by the jobs that use it."""
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from framework.errors import ConfigError
 
 
 class EngineEntry(NamedTuple):
-    path: str               # module:class of its framework.launchers.base.Engine
+    path: str               # module:class of its framework.launch.base.Engine
     workers_here: bool      # its workers run on this host, so this host's GPUs must hold them
 
 
 ENGINES: dict[str, EngineEntry] = {
-    "torch": EngineEntry("framework.launchers.torch:TorchEngine", workers_here=True),
-    "ray": EngineEntry("framework.launchers.ray:RayEngine", workers_here=False),
+    "torch": EngineEntry("framework.launch.torch:TorchEngine", workers_here=True),
+    "ray": EngineEntry("framework.launch.ray:RayEngine", workers_here=False),
 }
 
 

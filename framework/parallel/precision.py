@@ -17,7 +17,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from framework.errors import ConfigError
-from framework import devices
+from framework.runtime import devices
 
 #: precision.name -> the compute dtype it means (precision.param_dtype must agree)
 COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float8": "bfloat16"}

@@ -1,1 +1,0 @@
-"""The engines that run a job's workers (framework.cluster.engines names them)."""
