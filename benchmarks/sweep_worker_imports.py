@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 #: the launcher as `python -m framework`, with the fork server preloading only the strategy's modules
-WORKERS_IMPORT = ("from framework.strategies import base; "
-                  "base.Strategy.fork_server_preload = classmethod(lambda cls, cfg: cls.worker_preload(cfg)); "
+WORKERS_IMPORT = ("from framework.launch import preload, torch as engine; "
+                  "engine.fork_server_preload = lambda cls, cfg: cls.worker_preload(cfg); "
                   "import runpy; runpy.run_module('framework', run_name='__main__')")
 WAYS = {"fork server preloads": ["-m", "framework"], "each worker imports": ["-c", WORKERS_IMPORT]}
 

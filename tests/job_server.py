@@ -144,7 +144,7 @@ def _serve_one(conn: socket.socket) -> None:
 
 
 def preload() -> tuple[str, ...]:
-    from framework.launch.torch import FORK_SERVER_PRELOAD
+    from framework.launch.preload import FORK_SERVER_PRELOAD
     from framework.strategies.registry import all_strategy_classes
     workers = {m for cls in all_strategy_classes().values() for m in cls.worker_modules}
     return (*LAUNCHER, *FORK_SERVER_PRELOAD, *sorted(workers))

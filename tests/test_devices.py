@@ -13,7 +13,7 @@ from framework.launch import admission
 from framework.parallel import precision
 from framework.runtime import world
 from framework.runtime import devices
-from framework.strategies import base
+from framework.strategies import runtime as strategy_runtime
 from framework.strategies.registry import strategy_class
 from tests.fixtures import fake_gpus
 from tests.helpers import FAST, run_framework, train_run
@@ -45,6 +45,12 @@ def tf32_flags():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+class _RuntimeOnly(strategy_runtime.Strategy):
+    """The worker-side interface alone: what every strategy's setup_distributed shares (the methods a real
+    strategy must define are not called here)."""
+    setup = forward_backward = optimizer_step = eval_loss = save_checkpoint = load_checkpoint = None
+
+
 # ---- 1. process-group backend ------------------------------------------------------------
 
 @pytest.mark.parametrize("args,device,expected", [
@@ -63,9 +69,9 @@ def test_backend_adds_gloo_for_cpu_tensors_when_offloading_on_cuda(composer, arg
 def test_setup_distributed_creates_the_group_with_that_backend(composer, monkeypatch, tf32_flags):
     cfg = composer("parallel=fsdp", "zero=stage3", "zero.offload_params=true", "precision.allow_tf32=false")
     calls = []
-    monkeypatch.setattr(base.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(base.dist, "init_process_group", lambda **kw: calls.append(kw))
-    c10d = base.dist.distributed_c10d     # init_default_group sets the default timeout of later groups
+    monkeypatch.setattr(strategy_runtime.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(strategy_runtime.dist, "init_process_group", lambda **kw: calls.append(kw))
+    c10d = strategy_runtime.dist.distributed_c10d     # init_default_group sets the default timeout of later groups
     monkeypatch.setattr(c10d, "default_pg_timeout", c10d.default_pg_timeout)
     monkeypatch.setattr(c10d, "default_pg_nccl_timeout", c10d.default_pg_nccl_timeout)
     # A spawned worker's environment: the elastic agent sets LOCAL_WORLD_SIZE, nobody sets OMP_NUM_THREADS.
@@ -74,7 +80,7 @@ def test_setup_distributed_creates_the_group_with_that_backend(composer, monkeyp
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     threads = []
     monkeypatch.setattr(torch, "set_num_threads", threads.append)
-    strategy = base.Strategy(cfg)
+    strategy = _RuntimeOnly(cfg)
     strategy.device = torch.device("cuda", 0)   # as _pick_device returns on a GPU
     strategy.setup_distributed()
     assert calls == [{"backend": "cuda:nccl,cpu:gloo", "device_id": torch.device("cuda", 0),

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from framework.launch.preload import fork_server_preload
 from framework.strategies.registry import STRATEGIES
 from tests.helpers import REPO
 
@@ -125,14 +126,14 @@ def test_a_cpu_job_preloads_what_its_model_float8_and_compile_import_and_each_ex
     from tests.matrix.crossed import smallest_overrides
     job = ["parallel=fsdp", "precision=float8", "trainer.compile=true", "device=cpu",
            *smallest_overrides("hf", str(tmp_path))]
-    cpu = strategy_class("fsdp").fork_server_preload(compose_config(job))
+    cpu = fork_server_preload(strategy_class("fsdp"), compose_config(job))
     for wanted in ("transformers.models.llama.modeling_llama", "torchao.float8", "torch._inductor.pattern_matcher"):
         assert wanted in cpu, cpu
     proc = subprocess.run([sys.executable, "-c", f"import importlib\nfor m in {list(cpu)!r}: importlib.import_module(m)"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # on a GPU only the strategy's own (what the other imports might ask CUDA is not known)
-    gpu = strategy_class("fsdp").fork_server_preload(compose_config([*job[:-1], "device=cuda"]))
+    gpu = fork_server_preload(strategy_class("fsdp"), compose_config([*job[:-1], "device=cuda"]))
     assert gpu == strategy_class("fsdp").worker_preload(compose_config(job))
 
 
@@ -152,6 +153,6 @@ def test_a_sweep_names_more_modules_for_its_server_and_a_module_that_does_not_ex
     cfg = compose_config(["parallel=ddp", "device=cpu", "launcher.preload=[wave,tabnanny]"])
     validate_composed(cfg)
     launcher.TorchEngine(cfg, strategy_class("ddp"), 2).prepare()
-    assert served == [(*strategy_class("ddp").fork_server_preload(cfg), "wave", "tabnanny")]
+    assert served == [(*fork_server_preload(strategy_class("ddp"), cfg), "wave", "tabnanny")]
     with pytest.raises(ConfigError, match=r"launcher.preload: 'no_such_module_x' is not a module"):
         validate_composed(compose_config(["launcher.preload=[wave,no_such_module_x]"]))

@@ -20,7 +20,8 @@ from framework.plan.hardware import device_named
 from framework.plan.planner import make_plan
 from framework.plan.shapes import _meta_model
 from framework.strategies import registry
-from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.traits import ZERO_SHARDS, AutoLayout
 from framework.strategies.registry import all_strategy_classes, strategy_class
 from tests.helpers import REPO
 

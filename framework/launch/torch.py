@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from framework import exit_codes, storage
 from framework.checkpoint.manager import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
 from framework.launch.base import Engine
+from framework.launch.preload import FORK_SERVER_PRELOAD, fork_server_preload
 from framework.redact import redacted
 from framework.runtime.cluster_env import Node, Worker, discover
 from framework.runtime.preemption import ignoring, stopping_once_on
@@ -31,7 +32,7 @@ class TorchEngine(Engine):
 
     def prepare(self) -> None:
         if self.spawns:
-            start_fork_server((*self.strategy_cls.fork_server_preload(self.cfg), *self.cfg.launcher.preload),
+            start_fork_server((*fork_server_preload(self.strategy_cls, self.cfg), *self.cfg.launcher.preload),
                               self.cfg.launcher.preempt_signals)
 
     def run(self, run_dir: str) -> None:
@@ -50,11 +51,6 @@ class TorchEngine(Engine):
             # made a later 4-rank point a rank of a world of one)
             os.environ.clear()
             os.environ.update(environ)
-
-
-#: what every job's workers import, whatever the strategy (torch._dynamo: DDP and FSDP import it on their
-#: first wrap, ~1 s of CPU in each worker)
-FORK_SERVER_PRELOAD = ("framework.train.worker", "torch._dynamo")
 
 
 def start_fork_server(worker_modules: tuple[str, ...] = (), preempt_signals=()) -> None:

@@ -72,7 +72,7 @@ class ModelSpec:
 
     def worker_modules(self, model_cfg) -> tuple[str, ...]:
         """What a worker imports to build this model, beyond the framework itself (see
-        Strategy.fork_server_preload)."""
+        framework.launch.preload)."""
         return ()
 
     def meta_skeleton(self, model_cfg) -> nn.Module:

@@ -63,7 +63,7 @@ class Layout:
 
     @property
     def traits(self):
-        """The strategy's class: what the planner reads about it (see Strategy's planner section)."""
+        """The strategy's class: what the planner reads about it (framework/strategies/traits.py)."""
         return strategy_class(self.strategy)
 
     @property

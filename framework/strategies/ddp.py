@@ -11,7 +11,8 @@ import torch
 from framework.config.schema import ParallelConfig
 from framework.errors import ConfigError
 from framework.runtime.world import OPEN_CPU_WORKERS
-from framework.strategies.base import AutoLayout, TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.traits import AutoLayout
 
 # torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are
 # imported where a worker uses them: the launcher imports this module only to validate.

@@ -16,7 +16,8 @@ from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
 from framework.parallel.mesh import ParallelDims
-from framework.strategies.base import ZERO_SHARDS, AutoLayout, TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.traits import ZERO_SHARDS, AutoLayout
 
 
 @dataclass

@@ -32,7 +32,8 @@ from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import SPLIT_BACKWARD, build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.runtime.devices import device_type
-from framework.strategies.base import AutoLayout, TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.traits import AutoLayout
 from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, UnitSharded
 
 if TYPE_CHECKING:

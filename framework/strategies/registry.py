@@ -1,6 +1,6 @@
 """parallel.name -> Strategy class. Adding a strategy: one file, one line here, one yaml. The planner
 (framework/plan) reaches a strategy only through here and reads what it shards and keeps from the class
-(Strategy's planner section), so a new strategy needs no planner edit."""
+(its traits: framework/strategies/traits.py), so a new strategy needs no planner edit."""
 from __future__ import annotations
 
 import importlib

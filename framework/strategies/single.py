@@ -1,4 +1,5 @@
-from framework.strategies.base import AutoLayout, TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.traits import AutoLayout
 
 
 class SingleDeviceStrategy(TorchStrategy):

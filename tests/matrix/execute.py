@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from framework.checkpoint.manager import step_dir_name
+from framework.launch.preload import fork_server_preload
 from framework.strategies.registry import strategy_class
 from tests.matrix.cover import Plan
 from tests.matrix.oracle import Oracle
@@ -54,13 +55,13 @@ def resumed_jobs(plan: Plan, oracle: Oracle) -> list[int]:
 
 
 def sweep_preload(plan: Plan, oracle: Oracle) -> list[str]:
-    """What the workers of every multi-process job import (Strategy.fork_server_preload), once: with their union
+    """What the workers of every multi-process job import (framework/launch/preload.py), once: with their union
     as launcher.preload, the sweep's fork server starts once instead of again at each point that needs more
     (6 starts, ~5% of the sweep's CPU)."""
     modules = []
     for job in (j for j in plan.jobs if oracle.world(j) > 1):
         cfg = oracle.config(job)
-        modules += strategy_class(cfg.parallel.name).fork_server_preload(cfg)
+        modules += fork_server_preload(strategy_class(cfg.parallel.name), cfg)
     return list(dict.fromkeys(modules))
 
 

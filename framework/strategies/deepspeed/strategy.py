@@ -22,7 +22,8 @@ from framework.parallel.precision import compute_dtype
 from framework.runtime.devices import device_type
 from framework.runtime.host_memory import returning_large_frees
 from framework.runtime.world import OPEN_CPU_WORKERS
-from framework.strategies.base import AutoLayout, Strategy
+from framework.strategies.runtime import Strategy
+from framework.strategies.traits import AutoLayout
 from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
