@@ -24,3 +24,13 @@ def installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):       # a missing parent package; a module set to None in sys.modules
         return False
+
+
+def require_positive(cfg, *keys: str) -> None:
+    """Each dotted key of `cfg` holds a positive number (a rule every owner's checks start from)."""
+    for key in keys:
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        if value is None or value <= 0:
+            raise ConfigError(key, f"must be positive, got {value}")

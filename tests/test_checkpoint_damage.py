@@ -105,7 +105,7 @@ def test_export_names_the_newest_intact_checkpoint_and_says_when_none_is_left(tm
 def checks(compose_config, tmp_path):
     """validate_checkpoint as the launcher runs it, for overrides and a checkpoint to resume: the message
     of the ConfigError it raises (the CLI prints it as the one `error:` line, exit 2)."""
-    from framework.config.validate import validate_checkpoint
+    from framework.checkpoint.rules import validate_checkpoint
     from framework.strategies.registry import strategy_class
 
     def refusal(resume: Path, *overrides: str) -> str:
@@ -125,7 +125,7 @@ def _edit_meta(step: Path, **changes) -> None:
 
 
 def test_the_loaders_other_refusals(tmp_path, saved, checks, capsys):
-    """Each branch of the checks a resume runs before launch (framework/config/validate.py
+    """Each branch of the checks a resume runs before launch (framework/checkpoint/rules.py
     validate_checkpoint, checkpoint/manager.py, checkpoint/unpickle.py), on an edited copy."""
     assert "no such checkpoint directory" in checks(tmp_path / "nowhere")
     lone = _copy(saved / "step_00000008", tmp_path / "lone")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from framework.errors import ConfigError
-from framework.config.validate import validate_initial_load
+from framework.checkpoint.rules import validate_initial_load
 from framework.models.llama import hf_adapter
 from framework.models.llama.model import llama3_frequencies
 from framework.models.spec import spec_for

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.config.validate import validate_initial_load
+from framework.checkpoint.rules import validate_initial_load
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.errors import ConfigError
