@@ -48,7 +48,8 @@ def worker(overrides: list[str], out: str) -> None:
     from framework.optim.factory import OptimizerFactory
     from framework.optim.schedulers import build_scheduler
     from framework.strategies.registry import strategy_class
-    from framework.train.trainer import Trainer, cross_entropy
+    from framework.models.loss import cross_entropy
+    from framework.train.trainer import Trainer
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 #: the launcher as `python -m framework`, with the fork server preloading only the strategy's modules
-WORKERS_IMPORT = ("from framework.launch import preload, torch as engine; "
+WORKERS_IMPORT = ("from framework.launch import torch as engine; "
                   "engine.fork_server_preload = lambda cls, cfg: cls.worker_preload(cfg); "
                   "import runpy; runpy.run_module('framework', run_name='__main__')")
 WAYS = {"fork server preloads": ["-m", "framework"], "each worker imports": ["-c", WORKERS_IMPORT]}

@@ -92,7 +92,8 @@ def _from_export(path: str, trust_code: bool):
 def _from_checkpoint(path: str, trust_code: bool):
     """The checkpoint's model, from its config read as data (framework/config/saved.py); a LoRA run's adapters on
     a float32 base, as the exporter merges them."""
-    from framework.checkpoint.manager import CONFIG, damage, read_meta
+    from framework.checkpoint.names import CONFIG, read_meta
+    from framework.checkpoint.resume import damage
     from framework.config.saved import read_saved_config
     from framework.data.tokenizer import of_checkpoint
     from framework.export.read import READERS
@@ -116,7 +117,7 @@ def _from_checkpoint(path: str, trust_code: bool):
 def load(path: str, trust_code: bool = False):
     """(model in eval mode, tokenizer) from a checkpoint step dir or an export dir. `trust_code`: a class the
     checkpoint's config names may be imported (TRUST_FLAG)."""
-    from framework.checkpoint.manager import CheckpointError
+    from framework.checkpoint.names import CheckpointError
     from framework.checkpoint.signing import SigningKeyError
     from framework.checkpoint.unpickle import UnsafeCheckpointError
     from framework.config.saved import SavedConfigError

@@ -179,7 +179,7 @@ def _rel(got: float, want: float) -> float:
 
 def final_checkpoint(run_dir) -> Path | None:
     """The complete checkpoint of a run's last logged step, if it saved one there."""
-    from framework.checkpoint.manager import checkpoint_dir, complete_checkpoints, step_dir_name
+    from framework.checkpoint.names import checkpoint_dir, complete_checkpoints, step_dir_name
     run_dir = Path(run_dir)
     last = max(_by_step(run_dir))
     root = checkpoint_dir(load_config(run_dir), str(run_dir))
@@ -188,7 +188,7 @@ def final_checkpoint(run_dir) -> Path | None:
 
 
 def _parameters(step_dir: Path) -> dict:
-    from framework.checkpoint.manager import read_meta
+    from framework.checkpoint.names import read_meta
     from framework.export.read import READERS
     return READERS[read_meta(str(step_dir))["format"]](str(step_dir))
 

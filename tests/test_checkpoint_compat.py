@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from framework.checkpoint.manager import FORMAT_VERSION, META, STATE, CheckpointError, check_compatible, fingerprint
+from framework.checkpoint.compat import check_compatible, fingerprint
+from framework.checkpoint.names import FORMAT_VERSION, META, STATE, CheckpointError
 
 
 def _checkpoint(tmp_path, fp):

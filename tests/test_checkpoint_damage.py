@@ -126,7 +126,7 @@ def _edit_meta(step: Path, **changes) -> None:
 
 def test_the_loaders_other_refusals(tmp_path, saved, checks, capsys):
     """Each branch of the checks a resume runs before launch (framework/checkpoint/rules.py
-    validate_checkpoint, checkpoint/manager.py, checkpoint/unpickle.py), on an edited copy."""
+    validate_checkpoint, checkpoint/resume.py and compat.py, checkpoint/unpickle.py), on an edited copy."""
     assert "no such checkpoint directory" in checks(tmp_path / "nowhere")
     lone = _copy(saved / "step_00000008", tmp_path / "lone")
     _truncate(lone)

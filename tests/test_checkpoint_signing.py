@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.checkpoint.manager import damage
+from framework.checkpoint.resume import damage
 from framework.checkpoint.signing import KEY_ENV
 from tests import payloads
 from tests.docs_commands import environment, run_by

@@ -11,13 +11,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint.manager import read_meta
+from framework.checkpoint.names import read_meta
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.export.read import READERS
 from framework.models.llama import hf_adapter as hf_layout
 from framework.models.llama import Llama
-from framework.train.trainer import cross_entropy
+from framework.models.loss import cross_entropy
 from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST, check_ok, losses, run_framework
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint.manager import read_meta
+from framework.checkpoint.names import read_meta
 from framework.export.read import READERS
 from framework.models.spec import spec_for
 from tests.conftest import CHECKPOINTED

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from framework.checkpoint.manager import read_meta
+from framework.checkpoint.names import read_meta
 from framework.data.batches import build_samplers
 from framework.export.read import READERS
 from tests.conftest import CHECKPOINTED

@@ -14,7 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.checkpoint.manager import read_meta
+from framework.checkpoint.names import read_meta
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.export.read import READERS

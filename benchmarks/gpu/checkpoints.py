@@ -56,7 +56,7 @@ def async_saves(layout: str) -> Job:
     name = f"{layout} async saves"
 
     def measure(run: StageRun) -> None:
-        from framework.checkpoint.manager import complete_checkpoints
+        from framework.checkpoint.names import complete_checkpoints
         done = run.framework(name, _args(run, layout, "checkpoint.enabled=true", "checkpoint.async_save=true",
                                          f"checkpoint.interval={INTERVAL}", "checkpoint.keep_last=3"),
                              run_dir=_async_dir(run, layout))
@@ -79,7 +79,7 @@ def check_save(path: Path, previous_digest: str | None) -> tuple[dict, str | Non
     """(row fields, digest of its weights): intact, every weight read back and finite, not the one before."""
     import torch
 
-    from framework.checkpoint.manager import check_intact
+    from framework.checkpoint.resume import check_intact
     from framework.export.read import read_dcp
     try:
         check_intact(str(path))
@@ -117,7 +117,7 @@ def resumed(layout: str) -> Job:
     name = f"{layout} resumed at {RESUME_AT}"
 
     def measure(run: StageRun) -> None:
-        from framework.checkpoint.manager import step_dir_name
+        from framework.checkpoint.names import step_dir_name
         save = _async_dir(run, layout) / "checkpoints" / step_dir_name(RESUME_AT)
         if not save.exists():
             run.row(name, skipped=f"no step-{RESUME_AT} save from the async-save run")

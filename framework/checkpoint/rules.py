@@ -8,8 +8,10 @@ import os
 from omegaconf import OmegaConf
 
 from framework import storage
-from framework.checkpoint.manager import (RNG, STATE, CheckpointError, check_compatible, check_intact,
-                                          completed_checkpoint, read_rng, resolve_resume)
+from framework.checkpoint.compat import check_compatible
+from framework.checkpoint.names import RNG, STATE, CheckpointError
+from framework.checkpoint.resume import check_intact, completed_checkpoint, resolve_resume
+from framework.checkpoint.rng import read_rng
 from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
 from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.errors import ConfigError, require_positive

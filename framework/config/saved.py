@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from framework import storage
-from framework.checkpoint.manager import CONFIG
+from framework.checkpoint.names import CONFIG
 from framework.config.choices import check_choices
 from framework.config.schema import DataConfig, LoraConfig, OptimizerConfig
 from framework.errors import ConfigError

@@ -16,7 +16,8 @@ import uuid
 from safetensors.torch import save_file
 
 from framework import storage
-from framework.checkpoint.manager import CONFIG, META, CheckpointError, complete_checkpoints, damage, newest_intact_beside, read_meta
+from framework.checkpoint.names import CONFIG, META, CheckpointError, complete_checkpoints, read_meta
+from framework.checkpoint.resume import damage, newest_intact_beside
 from framework.checkpoint.signing import SigningKeyError
 from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.config.saved import SavedConfig, SavedConfigError, read_saved_config

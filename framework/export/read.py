@@ -15,7 +15,7 @@ from framework import storage
 from framework.checkpoint.dcp_reader import RestrictedLoadPlanner, first_failure, reader as dcp_reader
 from framework.checkpoint.dcp_state import single_process_understood
 from framework.checkpoint.deepspeed_files import check_deepspeed_files, deepspeed_loads_restricted, load_deepspeed_file
-from framework.checkpoint.manager import STATE
+from framework.checkpoint.names import STATE
 from framework.config.saved import saved_section
 from framework.models.lora import base_read_target, dequantized
 

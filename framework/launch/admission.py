@@ -14,7 +14,7 @@ from datetime import timedelta
 from omegaconf import DictConfig
 
 from framework import exit_codes
-from framework.checkpoint.manager import completed_checkpoint
+from framework.checkpoint.resume import completed_checkpoint
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.errors import ConfigError

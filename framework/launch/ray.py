@@ -17,7 +17,7 @@ import sys
 import uuid
 
 from framework import storage
-from framework.checkpoint.manager import checkpoint_dir
+from framework.checkpoint.names import checkpoint_dir
 from framework.errors import ConfigError
 from framework.launch.base import Engine
 from framework.launch.ray_probe import handshake

@@ -15,7 +15,7 @@ import uuid
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes, storage
-from framework.checkpoint.manager import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
+from framework.checkpoint.names import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
 from framework.launch.base import Engine
 from framework.launch.preload import FORK_SERVER_PRELOAD, fork_server_preload
 from framework.redact import redacted

@@ -6,7 +6,7 @@ import os
 import shlex
 import statistics
 
-from framework.checkpoint.manager import checkpoint_dir, complete_checkpoints
+from framework.checkpoint.names import checkpoint_dir, complete_checkpoints
 from framework.data.examples import COUNTS, describe_cut
 from framework.redact import redacted
 

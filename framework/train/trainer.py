@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from framework.checkpoint.manager import CheckpointManager, resolve_resume
+from framework.checkpoint.manager import CheckpointManager
+from framework.checkpoint.resume import resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from framework import exit_codes, storage
-from framework.checkpoint.manager import META, ResumeRefused, checkpoint_dir, step_dir_name
+from framework.checkpoint.names import META, ResumeRefused, checkpoint_dir, step_dir_name
 from framework.metrics.gpu_health import GpuFault
 from framework.metrics.trackers.base import TrackerError
 from framework.runtime import determinism

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from framework.checkpoint.manager import step_dir_name
+from framework.checkpoint.names import step_dir_name
 from framework.launch.preload import fork_server_preload
 from framework.strategies.registry import strategy_class
 from tests.matrix.cover import Plan
