@@ -24,7 +24,7 @@ from framework.checkpoint.compat import fingerprint
 from framework.checkpoint.manifest import shared_manifest
 from framework.checkpoint.names import (CONFIG, FORMAT_VERSION, META, RNG, STATE, TRAINER, ResumeRefused,
                                         checkpoint_dir, complete_checkpoints, read_meta, step_dir_name)
-from framework.checkpoint.resume import damage
+from framework.checkpoint.resume import damage, resolve_resume
 from framework.checkpoint.retention import Saved, kept_steps, score_of
 from framework.checkpoint.rng import read_rng, rng_state, set_rng_state
 from framework.checkpoint.signing import signed, signing_key
@@ -51,6 +51,7 @@ class CheckpointManager:
     def __init__(self, cfg, run_dir: str, strategy):
         self.cfg = cfg
         self.strategy = strategy
+        self.run_dir = run_dir
         self.root = checkpoint_dir(cfg, run_dir)
         self.in_place = storage.is_url(self.root)     # an object store: no rename, meta.json completes a save
         self._pending = None
@@ -127,6 +128,20 @@ class CheckpointManager:
         for path, s in saved.items():
             if s.step not in keep:
                 storage.remove_tree(path, first=META)
+
+    def resume(self, continues: bool, announce: bool) -> int:
+        """The step this run continues from: the checkpoint checkpoint.resume names (for a worker group that
+        re-forms an earlier one, the newest) loaded, else 0 (resolve_resume says which, `announce` where)."""
+        path = resolve_resume(self.cfg, self.run_dir, continues, announce)
+        return self.load(path) if path else 0
+
+    def save_unless_saved(self, step: int, saved: bool, before_saving) -> None:
+        """A stop between steps (preemption): this step's checkpoint where it has none yet (`before_saving()`
+        first: the non-finite check), then any background save completed."""
+        if self.cfg.checkpoint.enabled and not saved:
+            before_saving()
+            self.save(step)
+        self.finish()
 
     def load(self, path: str) -> int:
         """Restore the strategy and RNG states; return the step to continue from. A signed checkpoint is

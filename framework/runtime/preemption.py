@@ -60,6 +60,13 @@ class PreemptionWatch:
         self.received = signal.Signals(signum).name
         self.signum = signum
 
+    def stop_if_requested(self, step: int, save) -> None:
+        """Every rank, between steps: where any rank received a preemption signal, `save()` (the step's
+        checkpoint where it has none yet) and raise Preempted."""
+        if self.stop_requested():
+            save()
+            raise Preempted(step, self.received, self.signum)
+
     def stop_requested(self) -> bool:
         """True on every rank once any rank received a signal (a collective: all ranks call it after
         every step). Reads the vote started after the previous step, then starts this step's."""

@@ -46,6 +46,11 @@ class StepBatches:
         self.retry = t.on_oom == "retry"
         self._planned = None
 
+    def global_batch(self, sampler, step: int):
+        """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
+        return self.objective.global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step),
+                                           sampler.width)
+
     def layout_of(self, step: int):
         """The batch layout of training step `step` (1-based)."""
         return self.layout.with_global(self.sizes.size(step - 1))

@@ -1,13 +1,11 @@
 """The training loop. It knows the config and the Strategy interface, never which strategy runs."""
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 
 from framework.checkpoint.manager import CheckpointManager
-from framework.checkpoint.resume import resolve_resume
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
@@ -24,7 +22,7 @@ from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.runtime import faults
 from framework.runtime.elastic import group_continues
-from framework.runtime.preemption import Preempted, PreemptionWatch
+from framework.runtime.preemption import PreemptionWatch
 from framework.runtime.watchdog import StallWatchdog
 from framework.train.nonfinite import NonFiniteLoss
 from framework.train.step_batches import StepBatches
@@ -55,15 +53,10 @@ class Trainer:
         local = self._local_batch(sampler, step)
         return [] if local is None else micro_batches(local, self.batches.layout.micro_batch)
 
-    def _global_batch(self, sampler, step: int):
-        """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
-        return self.objective.global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step),
-                                           sampler.width)
-
     def evaluate(self) -> float:
         losses = []
         for i in range(self.cfg.trainer.eval_batches):
-            with self._global_batch(self.val_data, i):
+            with self.batches.global_batch(self.val_data, i):
                 losses.append(self.strategy.eval_loss(self._local_micro_batches(self.val_data, i), self.objective))
         return float(torch.stack(losses).mean())
 
@@ -79,10 +72,8 @@ class Trainer:
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)
-        resume = resolve_resume(cfg, self.run_dir, continues, announce=s.is_main)
-        if resume:
-            self.step = checkpoints.load(resume)
-        if s.is_main and (resume or continues):
+        self.step = checkpoints.resume(continues, announce=s.is_main)     # 0: nothing to resume
+        if s.is_main and (self.step or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)
         records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step,
@@ -93,7 +84,7 @@ class Trainer:
         profiler = StepProfiler(t.profile, self.run_dir, s.rank, s.device)
         prefetch = BatchPrefetcher(lambda step: self._local_batch(self.train_data, step))
         compiles = CompileWatch(t.compile, s.is_main)
-        nonfinite = NonFiniteLoss()
+        nonfinite = NonFiniteLoss(t.on_nonfinite)
         interval = LogInterval()    # the loop's wall time, one record at a time (what step_time covers)
         try:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
@@ -106,19 +97,11 @@ class Trainer:
                 with compiles.step(step, interval):
                     local = prefetch.get(self.step)
                     interval.step(data_time=time.perf_counter() - start)
-                    with self._global_batch(self.train_data, self.step):
+                    with self.batches.global_batch(self.train_data, self.step):
                         loss = self.batches.forward_backward(step, local)
                     faults.inject("step", step)
                     lr = s.current_lr()
-                    # Only a logged step waits for the device to read the loss; abort finds a non-finite
-                    # loss then (or before a save), skip must know before the update and so reads it now.
-                    finite = t.on_nonfinite != "skip" or math.isfinite(float(loss))
-                    if not finite:
-                        s.discard_gradients()
-                        grad_norm = torch.tensor(float("nan"))
-                    else:
-                        nonfinite.note(loss, step)
-                        grad_norm = s.optimizer_step(t.grad_clip)
+                    finite, grad_norm = nonfinite.update(s, loss, step, t.grad_clip)
                     if logs:
                         loss, grad_norm = float(loss), float(grad_norm)
                 self.step = step
@@ -149,12 +132,7 @@ class Trainer:
                 if is_last:
                     break
                 faults.inject("between", step)
-                if preemption.stop_requested():
-                    if cfg.checkpoint.enabled and not saved:
-                        nonfinite.check()
-                        checkpoints.save(step)
-                    checkpoints.finish()
-                    raise Preempted(step, preemption.received, preemption.signum)
+                preemption.stop_if_requested(step, lambda: checkpoints.save_unless_saved(step, saved, nonfinite.check))
             totals = interval.totals()
             preemption.finish()
             checkpoints.finish()
