@@ -11,7 +11,7 @@ import shutil
 import sys
 from datetime import timedelta
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
 from framework.checkpoint.resume import completed_checkpoint
@@ -98,6 +98,7 @@ def run(cfg: DictConfig, run_dir: str) -> float | None:
         if is_rank_zero():       # the rank that logs: it must reach the trackers
             cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
             trackers.probe(cfg)
+        OmegaConf.set_readonly(cfg, True)     # admitted: from here on the config is read, never edited
     except trackers.TrackerError as e:
         print(f"error: logging.trackers: {redacted(str(e))}", file=sys.stderr)
         remove_if_only_hydra_files(run_dir)

@@ -41,7 +41,9 @@ def _peer_failure(e: BaseException) -> bool:
 def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) -> None:
     """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them).
     `says_refusals`: rank 0 prints the `error:` line of a checkpoint it refuses as it loads it (a worker that
-    the launcher spawned leaves that line to the launcher, which prints it once whichever rank refused)."""
+    the launcher spawned leaves that line to the launcher, which prints it once whichever rank refused).
+    The admitted config is read, never edited: any write raises (spawned and Ray workers rebuild it from YAML)."""
+    OmegaConf.set_readonly(cfg, True)
     set_storage_timeout(cfg.checkpoint.storage_timeout_s)
     with determinism.applied(cfg):
         _run(cfg, run_dir, on_record, says_refusals)
