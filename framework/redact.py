@@ -2,8 +2,10 @@
 tracker parameters, console lines, error messages), and the config itself keeps them for the clients that need
 them (a tracker's, a bucket's).
 
-What counts as a credential: the password of a URL (`scheme://user:PASSWORD@host...`, shown `user:***@host`)
-and the value of a URL query parameter whose name says it is one (`?token=`, `&X-Amz-Signature=`, `key=`...).
+What counts as a credential: the password of a URL (`scheme://user:PASSWORD@host...`, shown `user:***@host`),
+the lone user part of a web URL (`https://TOKEN@host`, shown `https://***@host`: how git and many HTTP clients
+carry an access token; an ssh URL's `git@host` is a name and stays) and the value of a URL query parameter whose
+name says it is one (`?token=`, `&X-Amz-Signature=`, `key=`...).
 A leaf: imports nothing of the package.
 """
 from __future__ import annotations
@@ -14,9 +16,12 @@ import re
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 SHOWN = "***"
-# scheme://user:password@ -- the user part holds no '/', so a path's '@' after a port is not mistaken for one;
+# scheme://user:password@ -- neither part holds a '/' (a URL's authority ends at one), so an '@' in a path after a
+# port is not mistaken for one;
 # Hydra's records of a sweep's overrides escape each ':' (http\://user\:password@host)
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s/?#@:\\]*)(?P<colon>\\?:)(?P<secret>[^\s@]*)@")
+_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s/?#@:\\]*)(?P<colon>\\?:)(?P<secret>[^\s@/?#]*)@")
+# https://TOKEN@host -- http(s) and ws(s) only: there a user part without a password is a bearer token
+_LONE_USER = re.compile(r"(?P<head>\b(?:https?|wss?)\\?://)(?P<secret>[^\s/?#@:\\]+)@", re.IGNORECASE)
 _QUERY = re.compile(r"(?P<head>[?&;][^=&#\s]*(?:token|key|secret|password|passwd|pwd|signature|sig|credential|auth)"
                     r"[^=&#\s]*=)(?P<secret>[^&#\s]+)", re.IGNORECASE)
 
@@ -25,7 +30,8 @@ def redacted(value):
     """`value` with every credential replaced by ***: a string, or the strings inside a dict / list / tuple
     (keys kept); anything else as it is."""
     if isinstance(value, str):
-        return _QUERY.sub(rf"\g<head>{SHOWN}", _USERINFO.sub(rf"\g<head>\g<colon>{SHOWN}@", value))
+        value = _USERINFO.sub(rf"\g<head>\g<colon>{SHOWN}@", value)
+        return _QUERY.sub(rf"\g<head>{SHOWN}", _LONE_USER.sub(rf"\g<head>{SHOWN}@", value))
     if isinstance(value, dict):
         return {key: redacted(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

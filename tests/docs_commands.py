@@ -69,14 +69,8 @@ NEEDS = [
 #: a bash-block line that installs extras: `pip install -e ".[hf,s3]"` or `pip install 'framework[s3]'`
 SETUP = re.compile(r"^pip install\b.*?(?:framework|\.)\[([\w,-]+)\]")
 
-#: test files that still run their pages' commands in the test environment (every extra installed), each with the
-#: page and the extra it names: their jobs' environments (the session's S3, MLflow and Ray servers) are built by
-#: the tests themselves, and are yet to be joined with README's
-README_ENV_NOT_YET = {
-    "tests/test_docs_object_storage.py": "docs/how-to/object-storage.md (the s3 extra)",
-    "tests/test_docs_ray.py": "docs/how-to/ray.md (the ray extra)",
-    "tests/test_howto_commands.py": "docs/how-to/tracking.md and production.md (the mlflow and wandb extras)",
-}
+#: test files that run their pages' commands in the test environment (every extra installed), each with why
+README_ENV_NOT_YET: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 the checkout. Without an address the job starts a Ray instance of its own; with the tests' FAST settings appended it
 also shows fault tolerance: a Ray worker killed mid-run, the group restarted by Ray from the newest checkpoint, the
 uninterrupted losses. The KubeRay RayJob it prints validates against KubeRay's CRD schema. The page's command for
-an existing cluster runs in test_ray_engine, on the Ray cluster that module starts."""
+an existing cluster runs in test_ray_engine, on the Ray cluster that module starts. Every command runs in README's
+environment plus the ray extra the page installs."""
 import os
 import sys
 
@@ -10,11 +11,12 @@ import jsonschema
 import yaml
 
 from tests.helpers import FAST, REPO, check_ok, losses, max_rel_diff, read_metrics, run_in_own_session
-from tests.docs_commands import run_by
+from tests.docs_commands import environment, run_by
 from tests.servers import RAY_CLIENT_ENV
 from tests.test_k8s import RAYJOB_SCHEMA
 
-LOCAL, EXISTING, KUBERAY = [c.text.split(" | ")[0] for c in run_by(__file__)]     # kubectl: not here
+COMMANDS = run_by(__file__)
+LOCAL, EXISTING, KUBERAY = [c.text.split(" | ")[0] for c in COMMANDS]     # kubectl: not here
 EXACT = 1e-6
 
 
@@ -22,8 +24,10 @@ def shell(command: str, cwd, env: dict, *appended: str):
     """The page's line through bash (its $VARIABLES expanded), this interpreter as `python`, from `cwd`."""
     line = command.replace("python -m", f"{sys.executable} -m", 1) + "".join(f" {a}" for a in appended)
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    [page_command] = [c for c in COMMANDS if c.text.startswith(command)]
+    readme = environment(page_command, {"PYTHONPATH": str(REPO)})
     return run_in_own_session(["bash", "-c", line], cwd=cwd, timeout=900,
-                              env={**base, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **RAY_CLIENT_ENV, **env})
+                              env={**base, **readme, "PYTHONUNBUFFERED": "1", **RAY_CLIENT_ENV, **env})
 
 
 def test_the_page_shows_a_local_an_existing_and_a_kuberay_command():

@@ -1,7 +1,7 @@
 """The how-to commands that need this session's MLflow server or check a production feature run as written
 (the environment assignments before them too), from a directory other than the checkout, shortened to 2 steps
 (tests/docs_commands.py RUN_BY names them). MLFLOW_TRACKING_URI points at the session's own server, as the
-page's `export` line does at the one it starts."""
+page's `export` line does at the one it starts. Each runs in README's environment plus the extras its page installs."""
 import json
 import math
 import shlex
@@ -24,7 +24,7 @@ def test_howto_command_runs(tmp_path, mlflow_server, command):
     words = shlex.split(command.text)
     assignments = dict(w.split("=", 1) for w in words[:words.index("python")])
     args = words[words.index("python") + 3:]
-    env = {"MLFLOW_TRACKING_URI": mlflow_server, **assignments}
+    env = {**docs_commands.environment(command), "MLFLOW_TRACKING_URI": mlflow_server, **assignments}
     proc = run_framework([*args, *SHORTEN], cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     [metrics] = list((tmp_path / "outputs").rglob("metrics.jsonl"))

@@ -163,9 +163,11 @@ def test_k8s_puts_the_credentials_in_a_secret_the_pods_read(kind, monkeypatch):
     ("uri=https://me:s3cret@mlflow.corp/", "uri=https://me:***@mlflow.corp/"),
     ("two: http://a:b@h1 and s3://c:d@h2/x", "two: http://a:***@h1 and s3://c:***@h2/x"),
     ("http://:token@host", "http://:***@host"),
+    ("git clone https://ghp_T0KEN@github.com/o/r.git", "git clone https://***@github.com/o/r.git"),
+    ("wss://T0KEN@host/socket and HTTP\\://T0KEN@host", "wss://***@host/socket and HTTP\\://***@host"),
     ("https://host/file?X-Amz-Signature=abc123&part=1", "https://host/file?X-Amz-Signature=***&part=1"),
     ("https://host/api?api_key=k1&token=t2", "https://host/api?api_key=***&token=***"),
-    ("ssh://git@host/repo, http://host:8080/x, /a/b:c@d, user@example.com", None),
+    ("ssh://git@host/repo, http://host:8080/x, /a/b:c@d, user@example.com, http://host:8080/a@b", None),
 ])
 def test_redacted_hides_url_passwords_and_query_secrets_only(text, shown):
     assert redacted(text) == (text if shown is None else shown)
