@@ -129,7 +129,7 @@ def _parent_of(pid: int) -> int | None:
 def _recorded_worker(run_dir: str, config_yaml: str, launcher_pid: int) -> None:
     cfg = OmegaConf.create(config_yaml)
     for number in map(signal_number, cfg.launcher.preempt_signals):
-        if number is not None:    # the fork server ignores them (launchers.torch.start_fork_server) and so did we
+        if number is not None:    # the fork server ignores them (launch.torch.start_fork_server) and so did we
             signal.signal(number, signal.SIG_DFL)
     # Ctrl-C, passed on by the launcher, ends a worker at once, even one blocked in a collective whose peer
     # is gone (Python's KeyboardInterrupt waits for the call to return: the launcher then waited the whole
