@@ -9,7 +9,7 @@
 # now, the install included. A stage that would not fit in what is left is skipped with a line saying so.
 # Each stage prints its table as its jobs finish and appends its rows to <out>/<stage>.jsonl; the
 # console also goes to <out>/session.log (docs/benchmarks/gpu-session.md: the calls, and the tables). `--dry-run` runs every stage on this machine's CPU at tiny
-# sizes (tests/test_gpu_session.py does). The project runs from source (PYTHONPATH), not pip install -e:
+# sizes (tests/integration/benchmarks/test_gpu_session.py does). The project runs from source (PYTHONPATH), not pip install -e:
 # the machine's torch is not the one pyproject.toml pins for CI.
 set -uo pipefail
 export GPU_SESSION_STARTED

@@ -1,5 +1,5 @@
 """What each kind of parity really reaches: the tests' tiny jobs under every layout, precision and kernel
-choice, each against its reference run by tests/parity.py's parity_report (max relative difference of
+choice, each against its reference run by tests/harness/parity.py's parity_report (max relative difference of
 the loss and grad norm over 8 steps, and of the final parameters). The numbers behind TOLERANCES.
     python benchmarks/parity_tolerances.py --out /tmp/parity [--only ddp,fsdp]
 Finished runs in --out are reused; delete a run's dir to train it again.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST  # noqa: E402
-from tests.parity import parity_report  # noqa: E402
+from tests.harness.helpers import DEEPSPEED_Z2, DEEPSPEED_Z3, FAST  # noqa: E402
+from tests.harness.parity import parity_report  # noqa: E402
 
 # FAST, saving a checkpoint at steps 4 and 8 (the resumes start from step 4)
 BASE = [a for a in FAST if a != "checkpoint.enabled=false"] + ["checkpoint.interval=4"]

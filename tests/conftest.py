@@ -14,13 +14,13 @@ from omegaconf import OmegaConf  # noqa: E402
 from framework.config.paths import CONFIG_DIR  # noqa: E402
 from framework.launch import admission  # noqa: E402
 from framework.launch.config_store import register_configs  # noqa: E402
-from tests.helpers import FAST, check_ok, losses, run_framework  # noqa: E402
+from tests.harness.helpers import FAST, check_ok, losses, run_framework  # noqa: E402
 
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8
 CHECKPOINTED = ("checkpoint.enabled=true", "checkpoint.interval=4")
 
 #: a JSON file {"<a run's arguments, joined by spaces>": run dir} of runs a session may read instead of
-#: training them: tests/test_planted_bugs.py hands its clean runs to the sessions it starts with a bug
+#: training them: tests/harness/test_planted_bugs.py hands its clean runs to the sessions it starts with a bug
 #: planted, which must not train their references with the bug
 REUSE = "FRAMEWORK_TEST_REUSE_RUNS"
 
@@ -62,7 +62,7 @@ def reference_run(tmp_path_factory, trained_run):
 
 @pytest.fixture(scope="session")
 def single_reference(reference_run):
-    """Losses of reference_run(*extra) (tests/parity.py's assert_parity compares whole runs instead)."""
+    """Losses of reference_run(*extra) (tests/harness/parity.py's assert_parity compares whole runs instead)."""
     return lambda *extra: losses(reference_run(*extra))
 
 
@@ -131,7 +131,7 @@ def mlflow_server(mlflow_root):
 @pytest.fixture(scope="session")
 def s3_env():
     """An S3 server (moto) for the session: the environment (AWS_ENDPOINT_URL, credentials) that reaches it."""
-    from tests.servers import start_s3_server
+    from tests.harness.servers import start_s3_server
     server, env = start_s3_server()
     yield env
     server.stop()
@@ -139,7 +139,7 @@ def s3_env():
 
 def pytest_addoption(parser):
     parser.addoption("--matrix-plan-only", action="store_true",
-                     help="check the combination matrix's plan (tests/test_matrix.py) without training its jobs")
+                     help="check the combination matrix's plan (tests/matrix/test_matrix.py) without training its jobs")
 
 
 def pytest_configure(config):
@@ -187,8 +187,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """What the combination matrix covered and refused (tests/test_matrix.py), and tests/test_planted_bugs.py's
-    report: each planted bug and the tests that caught it."""
+    """What the combination matrix covered and refused (tests/matrix/test_matrix.py), and
+    tests/harness/test_planted_bugs.py's report: each planted bug and the tests that caught it."""
     for title, lines in SECTIONS.items():
         terminalreporter.section(title)
         for line in lines:

@@ -5,8 +5,8 @@ megatron.core pulls in its optimizer and transformer packages (seconds of start-
 Transformer Engine on every rank), and all training needs is the .bin memory-mapped with the dtype the
 .idx names. The .idx layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): the magic
 b"MMIDIDX\\x00\\x00", version <Q = 1, dtype code <B, sequence count <Q, document count <Q, then int32
-sequence lengths, int64 byte pointers, int64 document indices. tests/test_megatron.py checks this reader
-against files megatron-core's own IndexedDatasetBuilder wrote.
+sequence lengths, int64 byte pointers, int64 document indices. tests/integration/data/test_megatron.py checks
+this reader against files megatron-core's own IndexedDatasetBuilder wrote.
 """
 from __future__ import annotations
 

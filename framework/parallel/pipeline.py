@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
 # The rules are kept by name, so that validation and the planner need no torch.distributed.pipelining
-# (it imports dynamo: ~0.8 s a launch); tests/test_parallel3d_validation.py holds them to torch's classes.
+# (it imports dynamo: ~0.8 s a launch); tests/integration/strategies/test_parallel3d_validation.py holds them to
+# torch's classes.
 SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE = ("GPipe", "1F1B")                 # subclasses of PipelineScheduleSingle: one stage per rank
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")

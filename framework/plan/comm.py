@@ -2,7 +2,7 @@
 
 Payload: the whole tensor a collective works on (an all-reduce's or broadcast's tensor, an all-gather's
 output, a reduce-scatter's input, each tensor sent or received), the quantity a wrapper around
-torch.distributed counts (tests/fixtures/counters; tests/helpers.assert_planned_comm compares each key
+torch.distributed counts (tests/fixtures/counters; tests/harness/helpers.assert_planned_comm compares each key
 with real jobs); the wire traffic of a ring is 2(n-1)/n of an all-reduce's payload and (n-1)/n of the
 others'.
 

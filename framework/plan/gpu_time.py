@@ -5,7 +5,8 @@ gap per kernel launch that eager pays for each operator and a compiled block pay
 The optimizer step and gradient clipping run at memory bandwidth over the rank's own states.
 
 The shares are what H100-class parts reach on transformer shapes, from public kernel benchmarks, and
-were checked (not fitted one by one) against every measured row of docs/benchmarks/h100.md (tests/test_plan_gpu.py):
+were checked (not fitted one by one) against every measured row of docs/benchmarks/h100.md
+(tests/integration/plan/test_plan_gpu.py):
 - cuBLAS bf16/fp16 and TF32 GEMMs with k >= 2048 reach ~70% of the dense peak (NVIDIA's H100 GEMM
   figures: ~650-750 of 989 TFLOP/s);
 - FlashAttention-2 through SDPA at the rate the FlashAttention-3 paper (Shah et al., 2024, figures 5-6:

@@ -20,8 +20,8 @@ ALL_FORWARDS_FIRST = ("gpipe", "loopedbfs")
 OPS_PER_BLOCK = 120      # operator calls of one transformer block, forward and backward
 ZERO_BUBBLE = ("interleavedzerobubble", "zbvzerobubble", "dualpipev")
 # The most the planned peak has exceeded a measured one (planned / measured - 1 over the H100 jobs of
-# docs/benchmarks/h100.md; tests/test_plan_gpu.py holds every row under it): a plan over the device by less than
-# this may still run, so only a larger excess is refused before launch
+# docs/benchmarks/h100.md; tests/integration/plan/test_plan_gpu.py holds every row under it): a plan over the
+# device by less than this may still run, so only a larger excess is refused before launch
 MEMORY_OVERESTIMATE = 0.05
 
 

@@ -1,8 +1,8 @@
 """What the combination matrix crosses, said here and nowhere in the product: every field the schema declares is
 either crossed (CROSSED: its values, the first being what a job gets where the matrix does not set it) or listed in
 NOT_CROSSED with the reason; each registered model family is crossed at its smallest member (SMALLEST) or listed.
-tests/test_matrix.py fails on a field or a family in neither, so a new option that changes how a job trains cannot be
-forgotten: it is crossed, or someone says why not."""
+tests/matrix/test_matrix.py fails on a field or a family in neither, so a new option that changes how a job trains
+cannot be forgotten: it is crossed, or someone says why not."""
 from __future__ import annotations
 
 import os

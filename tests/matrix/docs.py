@@ -2,7 +2,7 @@
 table between its markers."""
 from __future__ import annotations
 
-from tests.helpers import REPO
+from tests.harness.helpers import REPO
 from tests.matrix import report
 from tests.matrix.cover import Plan
 

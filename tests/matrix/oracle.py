@@ -30,7 +30,7 @@ MAX_WORLD = 4
 #: compiled jobs trace through dynamo and AOTAutograd without generating kernels (a cost rule too: inductor's
 #: C++ kernels take ~30 s of CPU a job here). What compiling changes in how options compose - graph breaks,
 #: hooks, checkpointing and DTensor inside the graph - is crossed; inductor's numerics are held to parity by
-#: tests/test_compile.py.
+#: tests/integration/parallel/test_compile.py.
 CHEAPER = {("trainer.compile", True): ("trainer.compile_backend=aot_eager",)}
 #: what a compiled job costs, in ranks of an eager one (dynamo and AOTAutograd trace every stage: 10-30 s)
 COMPILED_COST = 4

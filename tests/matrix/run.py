@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.helpers import REPO
+from tests.harness.helpers import REPO
 
 
 def job_file(overrides: list[str]) -> str:

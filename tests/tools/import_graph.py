@@ -1,8 +1,9 @@
 """`python -m tests.tools.import_graph [--static] [--calls]`, from the repository root: the package's shape as a
 maintainer meets it.
 
-Static, from the sources: the files and folders of framework/, its layers and their members (as tests/test_layering.py
-holds them), imports that point up a layer, and import circles (every import counts, lazy ones inside functions too).
+Static, from the sources: the files and folders of framework/, its layers and their members (as
+tests/structure/test_layering.py holds them), imports that point up a layer, and import circles (every import counts,
+lazy ones inside functions too).
 
 Dynamic, from running jobs (left out with --static): the journey of a job's config from the launcher's entry to the
 worker's trainer (tests/tools/journey_trace.py records it): the modules that hold the config, in order, how many
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.test_layering import LAYER, LAYERS, _room
+from tests.structure.test_layering import LAYER, LAYERS, _room
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "framework"
@@ -124,7 +125,7 @@ def static_report() -> list[str]:
     edges = graph()
     out = [f"framework/: {len(found)} Python files, {lines} lines, {len(folders)} folders (the package itself "
            f"included), {len(roots)} modules at its root: {', '.join(roots)}",
-           f"layers (tests/test_layering.py), lowest first: {len(LAYERS)}"]
+           f"layers (tests/structure/test_layering.py), lowest first: {len(LAYERS)}"]
     out += [f"  {i:>2}: {', '.join(sorted(rooms))}" for i, rooms in enumerate(LAYERS)]
     up = upward(edges)
     out.append(f"imports that point up a layer: {len(up)}")

@@ -1,0 +1,34 @@
+"""The corpus commands of docs/how-to/own-data.md (prepare, train, generate, export), run in order as written
+from a directory other than the checkout, in README's environment (the page installs no extra)."""
+import os
+import subprocess
+import sys
+
+from tests.harness.docs_commands import environment, run_by
+from tests.fixtures.corpora import write_pydoc_jsonl
+
+COMMANDS = [
+    "python -m framework.data.prepare --input corpus/*.jsonl --tokenizer bpe:4096 --out data/corpus",
+    "python -m framework data=tokens data.path=data/corpus data.seq_len=128 trainer.max_steps=10 "
+    "hydra.run.dir=outputs/corpus",
+    'python -m framework.generate outputs/corpus/checkpoints/step_00000010 --prompt "The " --max-new-tokens 40 --seed 0',
+    "python -m framework.export outputs/corpus/checkpoints/step_00000010 hf_out",
+]
+
+
+def test_the_docs_show_these_commands():
+    assert [c.text for c in run_by(__file__)] == COMMANDS
+
+
+def test_docs_corpus_commands_run_as_written(tmp_path):
+    write_pydoc_jsonl(tmp_path / "corpus", parts=2)
+    outputs = []
+    for command in run_by(__file__):
+        proc = subprocess.run(command.text.replace("python ", f"{sys.executable} ", 1), shell=True, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600, env={**os.environ, **environment(command)})
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        outputs.append(proc.stdout)
+    assert outputs[0].startswith("wrote data/corpus:") and "vocab 4096" in outputs[0]
+    assert outputs[2].startswith("The ") and len(outputs[2]) > 10
+    assert sorted(p.name for p in (tmp_path / "hf_out").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
