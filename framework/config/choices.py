@@ -12,12 +12,25 @@ from omegaconf import DictConfig, OmegaConf
 from framework.errors import ConfigError
 
 
+class Registered:
+    """The names of a registry (name -> what implements it), read each time they are asked for."""
+
+    def __init__(self, registry: dict):
+        self.registry = registry
+
+    def names(self) -> tuple:
+        return tuple(self.registry)
+
+
 def allowed_values(annotation) -> tuple | None:
     """The values a OneOf annotation allows (None also, when it is Optional); None for any other type."""
     if typing.get_origin(annotation) is typing.Union:
         inner = [allowed_values(a) for a in typing.get_args(annotation) if a is not type(None)]
         return (*inner[0], None) if len(inner) == 1 and inner[0] else None
     if typing.get_origin(annotation) is typing.Annotated:
+        registered = [m for m in annotation.__metadata__ if isinstance(m, Registered)]
+        if registered:
+            return registered[0].names()
         literals = [m for m in annotation.__metadata__ if typing.get_origin(m) is typing.Literal]
         return typing.get_args(literals[0]) if literals else None
     return None

@@ -7,7 +7,8 @@ Strategy-specific options live beside their strategy; only the shared parts are 
 A field that takes one of a fixed set of values is `OneOf[...]`: OmegaConf 2.3 refuses typing.Literal in
 a structured config, so the type it sees is str and the set rides along as a Literal, which
 config/choices.py reads to refuse any other value before work starts. Where the set is a table of the
-code that implements it (sources, schedules, dtypes), the field names that table.
+code that implements it (sources, schedules, dtypes), the field names that table; a registry (a dict: sources,
+engines) is read when the value is checked, so a name registered at runtime (a plugin, a test) is allowed.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
 from omegaconf import MISSING
+
+from framework.config.choices import Registered
 
 from framework.checkpoint.retention import SCORE_MODES
 from framework.data.chat import TEMPLATES, TRAIN_ON
@@ -28,10 +31,13 @@ from framework.storage.timeouts import DEFAULT_TIMEOUT_S as STORAGE_TIMEOUT_S
 
 
 class OneOf:
-    """`OneOf["a", "b"]` (or `OneOf[a_tuple]`) = Annotated[str, Literal["a", "b"]]."""
+    """`OneOf["a", "b"]` (or `OneOf[a_tuple]`) = Annotated[str, Literal["a", "b"]]; `OneOf[a_dict]` =
+    Annotated[str, Registered(a_dict)]: the dict's keys when a value is checked."""
 
     def __class_getitem__(cls, values):
-        return Annotated[str, Literal[tuple(values) if isinstance(values, (tuple, list, dict)) else (values,)]]
+        if isinstance(values, dict):
+            return Annotated[str, Registered(values)]
+        return Annotated[str, Literal[tuple(values) if isinstance(values, (tuple, list)) else (values,)]]
 
 
 @dataclass

@@ -15,6 +15,7 @@ from framework.metrics.gpu_health import GpuHealth
 from framework.metrics.logger import MetricsLogger
 from framework.metrics.memory import IntervalPeakMemory
 from framework.metrics.mfu import mfu, peak_flops
+from framework.metrics.registry import registered_metrics
 from framework.metrics.summary import run_summary
 
 
@@ -38,7 +39,8 @@ class StepRecords:
     def start(self, step: int, loss: float, lr: float, grad_norm: float, *extras: dict) -> dict:
         s = self.strategy
         record = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "world_size": s.world_size,
-                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics(), **self.health.read(), **self.once}
+                  **self.memory.read(), **s.memory_breakdown(), **s.step_metrics(), **registered_metrics(s),
+                  **self.health.read(), **self.once}
         self.once = {}
         for extra in extras:
             record.update(extra)

@@ -32,6 +32,11 @@ SPECS: dict[str, str] = {
 }
 
 
+def register(name: str, path: str) -> None:
+    """Another model family under `name` (a plugin or a test): `path` is "module:attribute" of its spec."""
+    SPECS[name] = path
+
+
 def model_dict(model_cfg) -> dict:
     """The model config section as a plain dict (keeps _target_)."""
     if isinstance(model_cfg, DictConfig):

@@ -21,6 +21,11 @@ ENGINES: dict[str, EngineEntry] = {
 }
 
 
+def register(name: str, path: str, workers_here: bool) -> None:
+    """Another engine under `name` (a plugin or a test): `path` is "module:class" of its Engine."""
+    ENGINES[name] = EngineEntry(path, workers_here)
+
+
 def engine_class(name: str):
     if name not in ENGINES:
         raise ConfigError("launcher.engine", f"unknown engine {name!r}; available: {', '.join(ENGINES)}")

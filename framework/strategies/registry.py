@@ -17,6 +17,11 @@ STRATEGIES: dict[str, str] = {
 }
 
 
+def register(name: str, path: str) -> None:
+    """Another strategy under `name` (a plugin or a test): `path` is "module:class"."""
+    STRATEGIES[name] = path
+
+
 def strategy_names() -> list[str]:
     return list(STRATEGIES)
 

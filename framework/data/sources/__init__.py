@@ -23,6 +23,11 @@ SOURCES: dict[str, str] = {
 }
 
 
+def register(name: str, path: str) -> None:
+    """Another source under `name` (a plugin or a test): `path` is "module:class"."""
+    SOURCES[name] = path
+
+
 def source_named(name: str) -> Source:
     if name not in SOURCES:
         raise ConfigError("data.source", f"unknown source {name!r}; use {', '.join(SOURCES)}")
@@ -60,4 +65,5 @@ def pydoc_corpus_bytes() -> bytes:
 
 
 __all__ = ["SOURCES", "TOKEN_DTYPES", "DataError", "Source", "Stream", "check_token_range", "load_tokens",
-           "open_path", "path_kind", "pydoc_corpus_bytes", "reader_for", "source_named", "source_of", "streams"]
+           "open_path", "path_kind", "pydoc_corpus_bytes", "reader_for", "register", "source_named", "source_of",
+           "streams"]

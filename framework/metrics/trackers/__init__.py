@@ -30,6 +30,11 @@ TRACKERS = {
 }
 
 
+def register(name: str, path: str) -> None:
+    """Another tracker under `name` (a plugin or a test): `path` is "module:class"."""
+    TRACKERS[name] = path
+
+
 def tracker_class(name: str) -> type[Tracker]:
     module, _, cls = TRACKERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
