@@ -25,10 +25,43 @@ from framework.storage.timeouts import set_timeout as set_storage_timeout
 URL_KEYS = ("checkpoint.dir", "checkpoint.resume", "checkpoint.initial_load")
 
 
-def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> None:
-    """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's. What changes
-    the function but no shape (norm epsilon, RoPE) is taken from config.json into cfg.model, unless the
-    user set it (`explicit`) to something else: that is refused, naming both values."""
+def _model_value(cfg, key: str):
+    now = cfg.model.get(key)
+    return OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
+
+
+def take_initial_load_values(cfg, explicit: set[str] = frozenset()) -> None:
+    """Admission's derivation (framework/launch/admission.py): what changes the function but no shape (norm
+    epsilon, RoPE) is taken from checkpoint.initial_load's config.json into cfg.model, unless the user set it
+    (`explicit`). Quiet: where the weights cannot be read or do not fit, validate_initial_load says why in its turn."""
+    c = cfg.checkpoint
+    if c.initial_load is None:
+        return
+    try:
+        if storage.is_url(c.initial_load):
+            if not c.storage_timeout_s > 0:
+                return
+            set_storage_timeout(c.storage_timeout_s)
+        path = storage.local_copy(c.initial_load)
+        importable("model._target_", cfg.model._target_)
+        spec = spec_for(cfg.model)
+        if not spec.has_hf_layout or not os.path.isfile(os.path.join(path, hf_files.CONFIG)):
+            return
+        values = spec.hf_function_values(hf_files.read_config(path))
+    except Exception:   # noqa: BLE001 - validate_initial_load reports it
+        return
+    for hf_key, ours, theirs in values:
+        if _model_value(cfg, ours) == theirs:
+            continue
+        if f"model.{ours}" in explicit or any(k.startswith(f"model.{ours}.") for k in explicit):
+            continue
+        OmegaConf.update(cfg, f"model.{ours}", theirs, merge=True)
+
+
+def validate_initial_load(cfg, path: str) -> None:
+    """The HF-layout weights must fit cfg.model exactly: config.json's shapes and every tensor's; a value that
+    changes the function but no shape and that the user set (`explicit`) to another than config.json's is refused,
+    naming both values (take_initial_load_values took the others)."""
     key = "checkpoint.initial_load"
     importable("model._target_", cfg.model._target_)
     spec = spec_for(cfg.model)
@@ -46,15 +79,10 @@ def validate_initial_load(cfg, path: str, explicit: set[str] = frozenset()) -> N
         raise ConfigError(key, f"{path}/{hf_files.CONFIG}: {e}") from None
     except Exception as e:
         raise ConfigError(key, f"{path} is unreadable ({type(e).__name__}: {e})") from None
-    for hf_key, ours, theirs in values:
-        now = cfg.model.get(ours)
-        now = OmegaConf.to_container(now) if OmegaConf.is_config(now) else now
-        if now == theirs:
-            continue
-        if f"model.{ours}" in explicit or any(k.startswith(f"model.{ours}.") for k in explicit):
+    for hf_key, ours, theirs in values:     # what take_initial_load_values took; what it left contradicts the user
+        if (now := _model_value(cfg, ours)) != theirs:
             raise ConfigError(f"model.{ours}", f"{now} contradicts {hf_key}={theirs} in {path}/{hf_files.CONFIG}; "
                                                f"drop model.{ours} to take the checkpoint's")
-        OmegaConf.update(cfg, f"model.{ours}", theirs, merge=True)
     try:
         mismatches = spec.hf_mismatches(hf, cfg.model)
         errors = [] if mismatches else spec.hf_weights(path, cfg.model).shape_errors()
@@ -119,7 +147,7 @@ def validate_storage(cfg, strategy_cls, probe: bool) -> None:
             raise ConfigError("checkpoint.dir", str(e)) from None
 
 
-def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[str] = frozenset()) -> None:
+def validate_checkpoint(cfg, strategy_cls, run_dir: str | None) -> None:
     c, t = cfg.checkpoint, cfg.trainer
     try:
         signing_key()
@@ -145,7 +173,7 @@ def validate_checkpoint(cfg, strategy_cls, run_dir: str | None, explicit: set[st
     except OSError as e:
         raise ConfigError("checkpoint.resume" if c.resume else "checkpoint.initial_load", str(e)) from None
     if c.initial_load is not None:
-        validate_initial_load(cfg, storage.local_copy(c.initial_load), explicit)
+        validate_initial_load(cfg, storage.local_copy(c.initial_load))
     if run_dir is None:
         return
     try:

@@ -35,6 +35,7 @@ def _serves(cfg, strategy_cls, world_size: int, key: str, why: str, global_batch
             pipeline_microbatches: int | None) -> None:
     """Validate the strategy as if the run were configured with this batch; a refusal names `key` too."""
     trial = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(trial, False)     # a trial copy, not the job's config (which is read-only by now)
     OmegaConf.update(trial, "trainer.global_batch_size", global_batch)
     OmegaConf.update(trial, "trainer.micro_batch_size", micro)
     if pipeline_microbatches is not None:

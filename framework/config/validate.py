@@ -3,7 +3,8 @@ rules live with their owners (the model's and LoRA's in models/rules.py, the dat
 reports' in metrics/rules.py, the checkpoints' in checkpoint/rules.py, a strategy's in its traits'
 `validate`); here are their order and the generic key checks.
 
-Each rule raises ConfigError(key, message) with the numbers involved and what would work.
+Each rule raises ConfigError(key, message) with the numbers involved and what would work. No rule writes: the
+values derived from others are filled in before (derive.py), and admission hands validation a read-only config.
 """
 from __future__ import annotations
 
@@ -43,20 +44,24 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
-             explicit: set[str] | None = None) -> None:
-    """Completes the values derived from others (written into cfg, so the saved config shows them), then
-    checks every rule."""
+def check_keys(cfg) -> None:
+    """The generic key checks: no unknown key, none missing, every group's choice one it has. They come first in
+    admission too: the derivations (derive.py) read complete, known keys."""
     refuse_unknown_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(missing[0], f"is required; set it on the command line, e.g. {missing[0]}=...")
     check_choices(cfg)
+
+
+def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
+             explicit: set[str] | None = None) -> None:
+    """Checks every rule on a config whose derived values admission has filled in
+    (framework.config.derive); reads it only (admission hands it over read-only)."""
+    check_keys(cfg)
     explicit = hydra_explicit_keys() if explicit is None else explicit
-    strategy_cls.adopt_user_files(cfg, world_size, explicit)
     strategy_cls.check_world(cfg, world_size)
-    # Every batch rule, once; an unset micro_batch_size is filled in so that the saved config shows it.
-    cfg.trainer.micro_batch_size = strategy_cls.batch_layout(cfg, world_size).micro_batch
+    strategy_cls.batch_layout(cfg, world_size)     # every batch rule, once
     require_positive(cfg, "trainer.max_steps", "trainer.log_every", "optimizer.lr", "checkpoint.keep_last",
                      "launcher.timeout_s", "launcher.stop_grace_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
@@ -86,7 +91,7 @@ def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
     validate_sampling(cfg)
     validate_logging(cfg)
     validate_profile(cfg)
-    validate_checkpoint(cfg, strategy_cls, run_dir, explicit)
+    validate_checkpoint(cfg, strategy_cls, run_dir)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
     validate_lora(cfg)

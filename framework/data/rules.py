@@ -8,6 +8,13 @@ from framework.data.sources import DataError, check_token_range, source_of, stre
 from framework.errors import ConfigError, require_positive
 
 
+def document_mask(data_cfg) -> bool:
+    """data.document_mask as it applies: one example a row (data.packing=false) has no other document to keep it
+    from, and causal attention keeps its padding out of view, so no document numbers are built (data/rows.py
+    padded); admission writes this into the resolved config so that it says so."""
+    return bool(data_cfg.document_mask) and bool(data_cfg.packing)
+
+
 def validate_data_files(cfg, explicit: set[str] = frozenset()) -> None:
     data = cfg.data
     require_positive(cfg, "data.seq_len", "data.vocab_size")
@@ -19,10 +26,6 @@ def validate_data_files(cfg, explicit: set[str] = frozenset()) -> None:
         raise ConfigError("data.packing", f"data.source={data.source} deals rows of data.seq_len out of several "
                                           f"sources; one example a row (data.packing=false) is not built for a "
                                           f"mixture: set data.packing=true, or train one dataset (data=tokens)")
-    if not data.packing:
-        # one example a row has no other document to keep it from, and causal attention keeps its padding out of
-        # view: no document numbers are built (data/rows.py padded), and the resolved config says so
-        data.document_mask = False
     if not data.packing and "data.overlong" in explicit:
         raise ConfigError("data.overlong", "splits or cuts examples in packed rows; with data.packing=false an "
                                            "example longer than a row is truncated to data.seq_len + 1 tokens "

@@ -18,6 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.config.derive import derive
 from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
 from framework.errors import ConfigError
@@ -73,6 +74,7 @@ def manifests_for(args: argparse.Namespace, overrides: list[str], name: str, com
     procs = args.gpus_per_node or cfg.launcher.nproc_per_node or max(1, cls.workers_wanted(cfg) // args.nodes)
     if args.kind in KIND_OVERRIDES:
         cfg = compose_fn([*overrides, *KIND_OVERRIDES[args.kind](args.nodes, procs)])
+    derive(cfg, args.nodes * procs, cls)
     validate(cfg, args.nodes * procs, cls)
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PASSED_THROUGH)}
     config, secrets = secrets_out(OmegaConf.to_container(cfg, resolve=True))

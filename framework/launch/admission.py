@@ -1,8 +1,9 @@
-"""Validate, then hand the job to its engine (launcher.engine, framework.runtime.engines): torch's (workers in
-this process or spawned here: framework.launch.torch) or Ray's (framework.launch.ray).
+"""Admit (derive, then validate), then hand the job to its engine (launcher.engine, framework.runtime.engines):
+torch's (workers in this process or spawned here: framework.launch.torch) or Ray's (framework.launch.ray).
 
-Validation happens here, before any worker or process group exists. Spawned workers do not
-compose the config again: they get the resolved config the parent validated (and wrote to the run dir).
+Admission happens here, before any worker or process group exists: `admit` is the one ordered list of what is
+derived (each derivation a named function here, the only writes into the job's config) and then checked. Spawned
+workers do not compose the config again: they get the resolved config the parent admitted (and wrote to the run dir).
 """
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes
 from framework.checkpoint.resume import completed_checkpoint
+from framework.config.derive import derive
+from framework.config.explicit import hydra_explicit_keys
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests, given_on_command_line
 from framework.errors import ConfigError
 from framework.launch import sweep_gpus
 from framework.metrics import trackers
 from framework.metrics.logger import final_value
+from framework.metrics.rules import validate_logging
 from framework.redact import redacted, redacted_yaml
 from framework.runtime.cluster_env import discover, stable_job_dir
 from framework.runtime.engines import engine_class
@@ -74,16 +78,22 @@ def remove_if_only_hydra_files(run_dir: str) -> None:
 
 
 def admit(cfg: DictConfig, run_dir: str | None = None, explicit: set[str] | None = None):
-    """Everything decided before any worker exists, in order: the layout (parallel=auto's pick), the
-    strategy, the dataset's own facts, the world size, every validation rule, the memory plan and the engine's
-    own checks. Completes cfg with what it derives; returns (strategy class, world size, engine); raises
-    ConfigError."""
-    sweep_gpus.for_this_point(cfg)     # before any device count: a concurrent sweep point's own GPUs
-    if cfg.parallel.name == "auto":
-        choose_auto_layout(cfg)
+    """Everything decided before any worker exists, in this one order: the derivations, each a named function
+    (below, and framework/config/derive.py's once the world is known) and the only writes into cfg, so that
+    config.yaml shows what ran; then cfg is read-only, and the checks read it: every validation rule, the memory
+    plan and the engine's own checks. Returns (strategy class, world size, engine);
+    raises ConfigError (or trackers.TrackerError)."""
+    derive_sweep_gpus(cfg)             # before any device count: a concurrent sweep point's own GPUs
+    derive_auto_layout(cfg)
     strategy_cls = strategy_class(cfg.parallel.name)
-    apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
+    derive_dataset_facts(cfg)
     world_size = world_size_for(cfg, strategy_cls)
+    explicit = hydra_explicit_keys() if explicit is None else explicit
+    derive(cfg, world_size, strategy_cls, explicit)
+    if run_dir is not None and is_rank_zero():      # the rank that logs: it must reach the trackers
+        derive_run_name(cfg, run_dir)
+        derive_tracker_names(cfg)
+    OmegaConf.set_readonly(cfg, True)     # admitted: from here on the config is read, never edited
     validate(cfg, world_size, strategy_cls, run_dir, explicit)
     check_the_plan(cfg, world_size)
     engine = engine_class(cfg.launcher.engine)(cfg, strategy_cls, world_size)
@@ -91,14 +101,36 @@ def admit(cfg: DictConfig, run_dir: str | None = None, explicit: set[str] | None
     return strategy_cls, world_size, engine
 
 
+def derive_sweep_gpus(cfg: DictConfig) -> None:
+    """Under a Hydra multirun on CUDA: this sweep point's own GPUs (CUDA_VISIBLE_DEVICES)."""
+    sweep_gpus.for_this_point(cfg)
+
+
+def derive_auto_layout(cfg: DictConfig) -> None:
+    if cfg.parallel.name == "auto":
+        choose_auto_layout(cfg)
+
+
+def derive_dataset_facts(cfg: DictConfig) -> None:
+    """A prepared dataset's vocabulary, EOS id and tokenizer (a source that tokenizes at launch prepares it here)."""
+    apply_dataset_manifests(cfg, model_vocab_given=given_on_command_line("model.vocab_size"))
+
+
+def derive_run_name(cfg: DictConfig, run_dir: str) -> None:
+    cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
+
+
+def derive_tracker_names(cfg: DictConfig) -> None:
+    """The chosen trackers that answer (with logging.tracker_errors=warn the others are dropped); their rule
+    comes first, as the probe reads the names."""
+    validate_logging(cfg)
+    trackers.probe(cfg)
+
+
 def run(cfg: DictConfig, run_dir: str) -> float | None:
-    """Validate, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
+    """Admit, then train; return the final trainer.objective (on rank 0), exit 2 on a configuration error."""
     try:
         strategy_cls, world_size, engine = admit(cfg, run_dir)
-        if is_rank_zero():       # the rank that logs: it must reach the trackers
-            cfg.logging.run_name = cfg.logging.run_name or trackers.default_run_name(run_dir)
-            trackers.probe(cfg)
-        OmegaConf.set_readonly(cfg, True)     # admitted: from here on the config is read, never edited
     except trackers.TrackerError as e:
         print(f"error: logging.trackers: {redacted(str(e))}", file=sys.stderr)
         remove_if_only_hydra_files(run_dir)
@@ -139,11 +171,18 @@ def choose_auto_layout(cfg: DictConfig) -> None:
         cfg.launcher.nproc_per_node = world
 
 
+def _derived_and_valid(trial: DictConfig, world_size: int) -> None:
+    """The planner's trial copy of the job's config: derived (into the copy) and validated as the job was."""
+    strategy_cls = strategy_class(trial.parallel.name)
+    derive(trial, world_size, strategy_cls)
+    validate(trial, world_size, strategy_cls)
+
+
 def check_the_plan(cfg: DictConfig, world_size: int) -> None:
     """Refuse a job the planner says cannot fit its device (a GPU, or planner.device)."""
     from framework.plan.check import refuse_if_it_cannot_fit
     try:
-        refuse_if_it_cannot_fit(cfg, world_size, lambda c: validate(c, world_size, strategy_class(c.parallel.name)))
+        refuse_if_it_cannot_fit(cfg, world_size, lambda trial: _derived_and_valid(trial, world_size))
     except ConfigError:
         raise
     except Exception as e:      # a model the planner cannot trace must not stop a job that may well fit

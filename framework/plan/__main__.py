@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.config.derive import derive
 from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests
@@ -44,6 +45,7 @@ def plan_for(overrides: list[str]) -> tuple[Plan, str | None]:
     apply_dataset_manifests(cfg, model_vocab_given=any(o.startswith("model.vocab_size=") for o in overrides))
     if auto is None:
         world, per_node = planned_world(cfg, world_size_for(cfg, strategy_cls), device)
+    derive(cfg, world, strategy_cls)
     validate(cfg, world, strategy_cls)
     return make_plan(cfg, world, device, per_node, time_on_device=True), auto
 

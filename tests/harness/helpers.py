@@ -230,10 +230,19 @@ def assert_planned_activations(run_dir: Path, rel: float = 0.10) -> None:
         assert peaks and all(abs(planned - peak) <= rel * max(planned, peak) for peak in peaks), (rank, planned, peaks)
 
 
+def derive_and_validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
+                        explicit: set[str] | None = None) -> None:
+    """What admission does to a composed config once its strategy and world are known: the derivations
+    (framework.config.derive, written into cfg), then every validation rule."""
+    from framework.config.validate import validate
+    from framework.config.derive import derive
+    derive(cfg, world_size, strategy_cls, explicit)
+    validate(cfg, world_size, strategy_cls, run_dir, explicit)
+
+
 def validate_composed(cfg) -> None:
     """The launcher's checks on a composed config, at the world size its strategy would start."""
-    from framework.config.validate import validate
     from framework.runtime import world
     from framework.strategies.registry import strategy_class
     cls = strategy_class(cfg.parallel.name)
-    validate(cfg, world.world_size_for(cfg, cls), cls)
+    derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)

@@ -127,12 +127,12 @@ def test_mixture_sources_are_typed(compose_config):
     (["trainer.sample_tokens=0"], "trainer.sample_tokens: must be positive"),
 ])
 def test_bad_data_options_are_refused_before_launch(compose_config, tmp_path, overrides, expected):
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.errors import ConfigError
     from framework.launch import admission
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=tiny", "data.seq_len=32", *[o.replace("DIR", str(tmp_path)) for o in overrides]])
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError) as error:
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
     assert str(error.value).startswith(expected)

@@ -102,7 +102,7 @@ def _data_cfg(dataset):
 
 def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
     """Without the launcher filling data.vocab_size from the manifest, a smaller one is caught from it."""
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.errors import ConfigError
     from framework.launch import admission
     from framework.strategies.registry import strategy_class
@@ -111,4 +111,4 @@ def test_validation_checks_the_range_from_the_manifest(dataset, compose_config):
     cls = strategy_class("single")
     with pytest.raises(ConfigError, match=f"data.vocab_size: {dataset} was tokenized with a vocabulary of 512, "
                                           f"but data.vocab_size is 300"):
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)

@@ -7,7 +7,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, models, processors
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.data.prepare import prepare
 from framework.data.tokenizer import byte_tokenizer
 from framework.errors import ConfigError
@@ -46,7 +46,7 @@ def test_the_default_prompt_on_byte_level_data_is_one_line_and_exit_2_before_any
 def test_a_prompt_that_encodes_outside_the_data_is_refused(compose_config):
     cfg = compose_config([*FAST, "trainer.sample_every=2", "trainer.sample_prompt='<|endoftext|>'"])
     with pytest.raises(ConfigError) as refusal:
-        validate(cfg, 1, strategy_class(cfg.parallel.name))
+        derive_and_validate(cfg, 1, strategy_class(cfg.parallel.name))
     assert str(refusal.value).startswith("trainer.sample_prompt: '<|endoftext|>' encodes to token 256, which the data "
                                          "never holds")
 

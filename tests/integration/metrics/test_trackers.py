@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from framework import exit_codes
 from framework.config.schema import LoggingConfig
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.metrics import trackers as trackers_module
 from framework.metrics.logger import MetricsLogger
@@ -200,7 +200,7 @@ def test_tracker_choices_are_checked_before_work(composer, monkeypatch, args, ex
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = composer([*FAST, *args])
     with pytest.raises(ConfigError) as err:
-        validate(cfg, 1, strategy_class(cfg.parallel.name))
+        derive_and_validate(cfg, 1, strategy_class(cfg.parallel.name))
     assert expected in str(err.value)
 
 

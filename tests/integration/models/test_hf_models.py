@@ -206,7 +206,7 @@ def test_the_planner_plans_a_pretrained_model_from_its_config(saved):
     from hydra import compose, initialize_config_dir
 
     from framework.config.paths import CONFIG_DIR
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.launch.config_store import register_configs
     from framework.plan.check import refuse_if_it_cannot_fit
     from framework.plan.layout import layout_of
@@ -217,7 +217,7 @@ def test_the_planner_plans_a_pretrained_model_from_its_config(saved):
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=[*BASE, f"model.pretrained={saved['llama']}", *LAYOUTS["fsdp"],
                                            "planner.device=h100"])
-    validate(cfg, 2, strategy_class("fsdp"))
+    derive_and_validate(cfg, 2, strategy_class("fsdp"))
     assert refuse_if_it_cannot_fit(cfg, 2, lambda c: None).fits
     planned = {p.name: p.full for p in rank_parameters(cfg, layout_of(cfg, 2))}
     real = transformers.LlamaForCausalLM.from_pretrained(saved["llama"])

@@ -5,7 +5,7 @@ it keeps as many fewer bytes for backward on MoE as on Llama."""
 import pytest
 import torch
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.models.gpt2.model import GPT2
 from framework.models.llama.model import Llama, init_weights
@@ -129,7 +129,7 @@ def test_chunked_loss_refusals_name_the_key(compose_config, args, expected):
     cfg = compose_config(args)
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError, match=expected):
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
 
 
 def test_planner_counts_one_chunk_of_logits(compose_config):

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from framework.checkpoint.rules import validate_initial_load
+from framework.checkpoint.rules import take_initial_load_values, validate_initial_load
 from framework.data.batches import GlobalBatchSampler, micro_batches, split_train_val
 from framework.data.sources import load_tokens
 from framework.errors import ConfigError
@@ -118,6 +118,7 @@ def test_a_qwen3_moe_config_this_decoder_cannot_compute_is_refused_in_one_line(c
     config = json.loads((changed / "config.json").read_text())
     (changed / "config.json").write_text(json.dumps({**config, **change}))
     cfg = compose_config(["model=moe_tiny", "model.attn_head_dim=16", f"checkpoint.initial_load={changed}"])
+    take_initial_load_values(cfg)
     with pytest.raises(ConfigError) as e:
         validate_initial_load(cfg, str(changed))
     assert e.value.key == "checkpoint.initial_load" and words in str(e.value) and "\n" not in str(e.value)
@@ -132,7 +133,8 @@ def test_a_mixtral_config_into_a_qk_norm_model_is_refused(compose_config, export
     cfg = compose_config(["model=moe_tiny", "model.attn_head_dim=16", "model.qk_norm=true",
                           f"checkpoint.initial_load={changed}"])
     with pytest.raises(ConfigError) as e:
-        validate_initial_load(cfg, str(changed), {"model.qk_norm"})
+        take_initial_load_values(cfg, {"model.qk_norm"})
+        validate_initial_load(cfg, str(changed))
     assert e.value.key == "model.qk_norm" and "contradicts mixtral q/k norms=False" in str(e.value)
 
 

@@ -163,12 +163,12 @@ def test_fsdp_with_op_level_checkpointing_matches_single(tmp_path, single_refere
 
 
 def test_selective_mode_names_its_successors(compose_config):
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.errors import ConfigError
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["activation_checkpointing=selective", "activation_checkpointing.mode=selective"])
     with pytest.raises(ConfigError, match="'selective' is now 'layer'.*or 'op'"):
-        validate(cfg, 1, strategy_class(cfg.parallel.name))
+        derive_and_validate(cfg, 1, strategy_class(cfg.parallel.name))
 
 
 def test_planner_measures_op_level_between_full_and_none(compose_config):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.models.llama import Llama
 from framework.models.llama.spec import SPEC as LLAMA
@@ -24,7 +24,7 @@ TOLERANCE = 1e-3
 def _validate(compose_config, args):
     cfg = compose_config(args)
     cls = strategy_class(cfg.parallel.name)
-    validate(cfg, world.world_size_for(cfg, cls), cls)
+    derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -113,7 +113,7 @@ def test_planner_gathers_exactly_the_converted_weights_at_one_byte(compose_confi
 
     def gathered(*args):
         cfg = compose_config(["parallel=fsdp", "zero=stage3", "model=small", *args])
-        validate(cfg, 2, strategy_class("fsdp"))
+        derive_and_validate(cfg, 2, strategy_class("fsdp"))
         layout = layout_of(cfg, 2)
         return comm_bytes(layout, rank_parameters(cfg, layout), 0, 0, 0)["dp_shard/all_gather"], cfg, layout
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from framework.config.paths import CONFIG_DIR
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.launch.config_store import register_configs
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
@@ -33,7 +33,7 @@ def config(*overrides, world=1):
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=list(overrides))
-    validate(cfg, world, strategy_class(cfg.parallel.name))
+    derive_and_validate(cfg, world, strategy_class(cfg.parallel.name))
     return cfg
 
 

@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework.config.paths import CONFIG_DIR
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.launch import admission
 from framework.launch.config_store import register_configs
 from framework.parallel import precision
@@ -43,7 +43,7 @@ def test_auto_on_one_gpu_rewrites_the_config_to_a_named_strategy(one_gpu):
         cfg = compose("config", overrides=[*FAST, "parallel=auto", "device=cuda"])
     admission.choose_auto_layout(cfg)
     assert cfg.parallel.name == "single"
-    validate(cfg, 1, strategy_class(cfg.parallel.name))
+    derive_and_validate(cfg, 1, strategy_class(cfg.parallel.name))
 
 
 def test_auto_starts_and_trains_with_a_gpu_detected(tmp_path):

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.launch import admission
 from framework.parallel import precision
@@ -95,7 +95,7 @@ def test_more_workers_than_gpus_is_refused(composer, gpus):
     gpus(1)
     cfg = composer("parallel=ddp", "launcher.nproc_per_node=2")
     with pytest.raises(ConfigError) as err:
-        validate(cfg, 2, strategy_class("ddp"))
+        derive_and_validate(cfg, 2, strategy_class("ddp"))
     assert str(err.value) == ("launcher.nproc_per_node: 2 workers on this node but 1 visible GPU; set "
                               "launcher.nproc_per_node to at most 1 (one GPU per worker) or device=cpu")
 

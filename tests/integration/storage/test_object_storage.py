@@ -80,7 +80,7 @@ def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, t
 def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp_path, monkeypatch, compose_config):
     """checkpoint.initial_load=s3://...: validated, and the model built from it, as from the same files on disk
     (downloaded once into the machine's cache)."""
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.export import export
     from framework.models.factory import ModelFactory
     from framework.strategies.registry import strategy_class
@@ -93,7 +93,7 @@ def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp
     built = {}
     for where in (url, str(tmp_path / "hf")):
         cfg = compose_config([*FAST, f"checkpoint.initial_load={where}"])
-        validate(cfg, 1, strategy_class("single"), explicit=set())
+        derive_and_validate(cfg, 1, strategy_class("single"), explicit=set())
         built[where] = ModelFactory(cfg)().state_dict()
     assert all(torch.equal(built[url][k], built[str(tmp_path / "hf")][k]) for k in built[url])
     seeded = ModelFactory(compose_config(FAST))().state_dict()      # the trained weights, not the seeded init

@@ -118,7 +118,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_cp_rejected_before_work(compose_config, case):
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.errors import ConfigError
     from framework.runtime import world
     from framework.strategies.registry import strategy_class
@@ -126,7 +126,7 @@ def test_bad_cp_rejected_before_work(compose_config, case):
     cfg = compose_config([*FAST, "parallel=3d", "parallel.pp=1", "parallel.tp=1", "parallel.dp_shard=1", *args])
     cls = strategy_class("3d")
     with pytest.raises(ConfigError) as e:
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
     assert e.value.key == key
     assert fragment in str(e.value)
 
@@ -145,13 +145,13 @@ def test_bad_cp_is_one_line_exit_2(tmp_path, args, fragment):
 
 
 def _plan(compose_config, *args, world):
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.plan.hardware import device_named
     from framework.plan.planner import make_plan
     from framework.strategies.registry import strategy_class
     cfg = compose_config(["model=small", "data=synthetic", "precision=bf16", "trainer.eval_every=0",
                           "trainer.global_batch_size=8", "trainer.micro_batch_size=1", *args])
-    validate(cfg, world, strategy_class(cfg.parallel.name))
+    derive_and_validate(cfg, world, strategy_class(cfg.parallel.name))
     return cfg, make_plan(cfg, world, device_named("h100"), 8)
 
 

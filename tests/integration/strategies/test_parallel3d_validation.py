@@ -2,7 +2,7 @@
 no worker started. The real entrypoint for the first cases; the rest through the same validate() in-process."""
 import pytest
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.launch import admission
 from framework.parallel.mesh import ParallelDims
@@ -79,7 +79,7 @@ def composer(compose_config):
 
 def _validate(cfg):
     cls = strategy_class("3d")
-    validate(cfg, world.world_size_for(cfg, cls), cls)
+    derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
 
 
 @pytest.mark.parametrize("case", IN_PROCESS_CASES)
@@ -100,7 +100,7 @@ def test_defaults_are_valid_and_spawn_eight_workers(composer):
     gpu = composer("parallel.tp=8", "parallel.pp=4", "model.n_heads=8", "model.n_kv_heads=8", "model.dim=256",
                    "model.n_layers=8", "trainer.global_batch_size=32")
     assert ParallelDims.from_config(gpu.parallel, 32).dp_shard == 1
-    validate(gpu, 32, cls)
+    derive_and_validate(gpu, 32, cls)
 
 
 class Degrees:

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from framework.config.choices import check_choices, choice_fields
 from framework.config.paths import CONFIG_DIR
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.launch import admission
 from framework.launch.config_store import register_configs
@@ -45,7 +45,7 @@ def test_a_value_outside_the_set_is_refused_first(key):
     cfg = _with(key, "bogus")
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError) as err:
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
     shown = "|".join("null" if v is None else str(v) for v in FIELDS[key])    # an Optional field also takes null
     assert str(err.value) == f"{key}: 'bogus' is not one of {shown}"
 

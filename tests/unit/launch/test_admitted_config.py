@@ -34,3 +34,22 @@ def test_a_spawned_workers_rebuilt_config_is_read_only_too(monkeypatch):
     worker.run_worker(OmegaConf.create("checkpoint: {storage_timeout_s: 60.0}\ntrainer: {deterministic: false}\n"),
                       "unused")
     assert seen == [True]
+
+
+def test_admission_validates_a_read_only_config_which_its_derivations_completed(compose_config, monkeypatch):
+    """validate writes nothing: admission hands it the config already read-only, after the named derivations
+    filled in what the resolved config shows (here the micro batch)."""
+    seen = {}
+    checked = admission.validate
+
+    def validate(cfg, *args, **kwargs):
+        seen["read_only"] = OmegaConf.is_readonly(cfg)
+        seen["micro_batch_size"] = cfg.trainer.micro_batch_size
+        checked(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(admission, "validate", validate)
+    cfg = compose_config([*FAST, "parallel=single", "trainer.global_batch_size=4",
+                          "trainer.micro_batch_size=null"])
+    assert cfg.trainer.micro_batch_size is None
+    admission.admit(cfg, explicit=set())
+    assert seen == {"read_only": True, "micro_batch_size": 4}

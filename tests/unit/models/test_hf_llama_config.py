@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from framework.errors import ConfigError
-from framework.checkpoint.rules import validate_initial_load
+from framework.checkpoint.rules import take_initial_load_values, validate_initial_load
 from framework.models.llama import hf_adapter
 from framework.models.llama.model import llama3_frequencies
 from framework.models.spec import spec_for
@@ -42,7 +42,8 @@ def checkpoints(tmp_path_factory):
 
 def _imported(compose_config, path, *overrides, explicit=()):
     cfg = compose_config(["model=tiny", f"checkpoint.initial_load={path}", *overrides])
-    validate_initial_load(cfg, str(path), set(explicit))
+    take_initial_load_values(cfg, set(explicit))
+    validate_initial_load(cfg, str(path))
     model = spec_for(cfg.model).build(cfg.model).eval()
     hf_adapter.load_into(model, str(path))
     return cfg, model

@@ -239,7 +239,7 @@ def test_sigmoid_scores_and_bias_pick_other_experts_but_keep_their_weights():
     (["model=moe_tiny", "model.score_func=tanh"], "model.score_func", "softmax, sigmoid"),
 ])
 def test_bad_moe_settings_are_refused_before_work(compose_config, args, key, fragment):
-    from framework.config.validate import validate
+    from tests.harness.helpers import derive_and_validate
     from framework.errors import ConfigError
     from framework.runtime import world
     from framework.strategies.registry import strategy_class
@@ -247,5 +247,5 @@ def test_bad_moe_settings_are_refused_before_work(compose_config, args, key, fra
     cfg = compose_config([*FAST, *args])
     cls = strategy_class(cfg.parallel.name)
     with pytest.raises(ConfigError) as e:
-        validate(cfg, world.world_size_for(cfg, cls), cls)
+        derive_and_validate(cfg, world.world_size_for(cfg, cls), cls)
     assert e.value.key == key and fragment in str(e.value), str(e.value)

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from framework.config.paths import CONFIG_DIR
 from framework.config.schema import ParallelConfig
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.launch.config_store import register_configs
 from framework.parallel.mesh import ParallelDims
 from framework.plan.auto import candidates, rank_layouts
@@ -137,9 +137,9 @@ def _numbers(plan):
 ])
 def test_a_strategy_registered_from_its_own_file_is_planned_as_the_built_in_it_mirrors(twin, overrides, world):
     cfg = _config(*overrides)
-    validate(cfg, world, strategy_class(cfg.parallel.name))
+    derive_and_validate(cfg, world, strategy_class(cfg.parallel.name))
     mine = _as(cfg, twin)
-    validate(mine, world, strategy_class(twin))
+    derive_and_validate(mine, world, strategy_class(twin))
     device = device_named("h100")
     built_in, planned = make_plan(cfg, world, device, world), make_plan(mine, world, device, world)
     assert planned.layout.describe().startswith(f"parallel={twin} ")

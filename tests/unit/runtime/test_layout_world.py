@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.launch import admission
 from framework.runtime import world
@@ -12,7 +12,7 @@ from tests.unit.runtime.test_cluster_gpus import eight_gpus  # noqa: F401  (the 
 
 def _validate(cfg):
     cls = strategy_class(cfg.parallel.name)
-    validate(cfg, world.world_size_for(cfg, cls), cls, explicit=set())
+    derive_and_validate(cfg, world.world_size_for(cfg, cls), cls, explicit=set())
 
 
 def test_3d_on_a_one_gpu_machine(compose_config, eight_gpus):  # noqa: F811

@@ -5,7 +5,7 @@ directory `./s3:/` (the job trained into it, or failed after training without cr
 import pytest
 
 from framework import storage
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.strategies.registry import strategy_class
 from tests.harness.helpers import FAST
@@ -69,7 +69,7 @@ def test_a_bucketless_checkpoint_dir_is_one_line_and_exit_2_before_any_work(cred
 def test_every_key_that_takes_a_url_refuses_a_bad_one_naming_itself(key, value, compose_config):
     cfg = compose_config([*FAST, "parallel=single", f"{key}='{value}'"])
     with pytest.raises(ConfigError) as refusal:
-        validate(cfg, 1, strategy_class("single"))
+        derive_and_validate(cfg, 1, strategy_class("single"))
     assert str(refusal.value) == f"{key}: {storage.url_problem(value)}"
 
 
@@ -85,5 +85,5 @@ def test_a_data_key_that_takes_a_local_path_refuses_a_url(key, source, compose_c
         args.pop("data.tokenizer")
     cfg = compose_config([*FAST, f"data={source}", *(f"{k}={v}" for k, v in args.items())])
     with pytest.raises(ConfigError) as refusal:
-        validate(cfg, 1, strategy_class("single"))
+        derive_and_validate(cfg, 1, strategy_class("single"))
     assert str(refusal.value) == f"{key}: s3://bucket/x: takes a local path, not a URL; copy the files down first"

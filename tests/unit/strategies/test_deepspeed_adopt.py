@@ -5,7 +5,7 @@ import json
 import pytest
 
 from framework.config.explicit import explicit_keys
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.strategies.deepspeed import resolve
 from framework.strategies.registry import strategy_class
@@ -22,7 +22,7 @@ def run(compose_config, tmp_path):
         path.write_text(json.dumps(ds))
         overrides = [*NO_MICRO, "parallel=deepspeed", f"parallel.ds_config={path}", *args]
         cfg = compose_config(overrides)
-        validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
+        derive_and_validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
         return cfg, resolve(cfg, 2)
     return validated
 

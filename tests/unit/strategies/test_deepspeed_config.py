@@ -9,7 +9,7 @@ import pytest
 
 from framework.errors import ConfigError
 from framework.config.explicit import explicit_keys
-from framework.config.validate import validate
+from tests.harness.helpers import derive_and_validate
 from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed import ops as dso
 from framework.strategies.deepspeed.values import autos
@@ -34,7 +34,7 @@ def composer(compose_config):
 
 
 def _validate(cfg, world_size=2):
-    validate(cfg, world_size, strategy_class("deepspeed"), explicit=_EXPLICIT[id(cfg)])
+    derive_and_validate(cfg, world_size, strategy_class("deepspeed"), explicit=_EXPLICIT[id(cfg)])
 
 
 def test_generated_batch_arithmetic_and_groups(composer):
@@ -136,7 +136,7 @@ def test_public_auto_files_set_what_the_user_left_at_our_defaults(compose_config
     """transformers'/accelerate's files with no other override: their fixed values become the run's."""
     overrides = ["parallel=deepspeed", f"parallel.ds_config={FIXTURES / (name + '.json')}"]
     cfg = compose_config(overrides)
-    validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
+    derive_and_validate(cfg, 2, strategy_class("deepspeed"), explicit=explicit_keys(overrides))
     assert (cfg.zero.stage, cfg.zero.offload_optimizer, cfg.zero.offload_params) == (stage, True, offload_params)
     ds = dsc.resolve(cfg, 2)
     assert autos(ds) == [] and "optimizer" not in ds      # the torch AdamW of optimizer.* steps
