@@ -13,6 +13,7 @@ GENERIC: built on every rank from torch's global seed, no tensor or pipeline par
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Optional
 
@@ -271,11 +272,17 @@ def spec_for_hf(hf_config: dict) -> ModelSpec:
 
 def spec_for(model_cfg) -> ModelSpec:
     """The spec whose model class is `model._target_` or its nearest base (a variant's own spec before
-    its base family's: MoETransformer is a Llama); GENERIC if none is."""
-    cls = get_class(model_dict(model_cfg)["_target_"])
+    its base family's: MoETransformer is a Llama); GENERIC if none is. It depends on `_target_` alone: found
+    once per process for each target (and registry), however many of a job's pieces ask."""
+    return _spec_of_target(model_cfg["_target_"], tuple(SPECS.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_of_target(target: str, registry: tuple[tuple[str, str], ...]) -> ModelSpec:
+    cls = get_class(target)
     if not isinstance(cls, type):
         return GENERIC
     mro = cls.__mro__
-    found = [(mro.index(own), spec) for spec in map(spec_named, SPECS)
+    found = [(mro.index(own), spec) for spec in map(spec_named, dict(registry))
              if (own := spec.model_class()) is not None and own in mro]
     return min(found, key=lambda pair: pair[0])[1] if found else GENERIC
