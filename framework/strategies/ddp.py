@@ -11,7 +11,7 @@ import torch
 from framework.config.schema import ParallelConfig
 from framework.errors import ConfigError
 from framework.runtime.world import OPEN_CPU_WORKERS
-from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
 from framework.strategies.traits import AutoLayout
 
 # torch.distributed.optim (its functional optimizers compile TorchScript on import, ~0.3 s) and DDP are
@@ -29,7 +29,8 @@ class DDPOptions(ParallelConfig):
     comm_hook: str = "none"          # none | fp16 | bf16: compress gradients for the all-reduce
 
 
-class DDPStrategy(TorchStrategy):
+class DDPTraits(TorchTraits):
+    """What parallel=ddp declares for the launcher, validation and the planner."""
     name = "ddp"
     options = DDPOptions
     default_workers = OPEN_CPU_WORKERS
@@ -38,7 +39,7 @@ class DDPStrategy(TorchStrategy):
                     3: "parameter sharding is done by parallel=fsdp or parallel=deepspeed"}
     precisions = ("fp32", "bf16", "fp16", "float8")
     activation_checkpointing = ("none", "full", "layer", "op")
-    worker_modules = (*TorchStrategy.worker_modules, "torch.nn.parallel",
+    worker_modules = (*TorchTraits.worker_modules, "torch.nn.parallel",
                       "torch.distributed.algorithms.ddp_comm_hooks.default_hooks")
     # what the planner reads: replicas (dp_sharding's default) whose gradients sync once a step (no_sync)
     machinery = 1
@@ -81,6 +82,10 @@ class DDPStrategy(TorchStrategy):
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=ddp cannot offload; parallel=deepspeed offloads optimizer "
                                       "states and parameters, parallel=fsdp offloads parameters")
+
+
+class DDPStrategy(DDPTraits, TorchStrategy):
+    """The worker side of parallel=ddp: DistributedDataParallel, and ZeroRedundancyOptimizer at zero=stage1."""
 
     def wrap_model(self, model):
         opts = self.cfg.parallel

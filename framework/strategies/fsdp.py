@@ -16,7 +16,7 @@ from framework.errors import ConfigError
 from framework.config.schema import ParallelConfig
 from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
 from framework.parallel.mesh import ParallelDims
-from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
 from framework.strategies.traits import ZERO_SHARDS, AutoLayout
 
 
@@ -35,21 +35,14 @@ def sharded_dims(cfg, world_size: int) -> ParallelDims:
 
 
 class UnitSharded:
-    """A strategy that shards FSDP2 units over its data-parallel dims. What the planner reads: stage2 keeps
-    parameters sharded between steps too (gathered once for forward and backward). In the worker: where
-    the units gather float8 weights, each optimizer step ends by computing their next scales at once."""
+    """Traits of a strategy that shards FSDP2 units over its data-parallel dims. What the planner reads: stage2
+    keeps parameters sharded between steps too (gathered once for forward and backward)."""
     dp_sharding = "unit"
     zero_shards = {2: ZERO_SHARDS[3]}
 
     @staticmethod
     def shards_units(mesh_dims: ParallelDims) -> bool:
         return True
-
-    def optimizer_step(self, max_grad_norm: float):
-        grad_norm = super().optimizer_step(max_grad_norm)
-        if gathers_float8(self.cfg.precision, self.shards_units(self.mesh_dims(self.cfg, self.world_size))):
-            precompute_fsdp_scales([self.model])
-        return grad_norm
 
     @classmethod
     def keeps_gathered(cls, stage: int) -> bool:
@@ -60,7 +53,19 @@ class UnitSharded:
         return sharded_dims(cfg, world_size)
 
 
-class FSDPStrategy(UnitSharded, TorchStrategy):
+class UnitShardedStep:
+    """The runtime of a strategy whose units gather float8 weights: each optimizer step ends by computing their
+    next scales at once."""
+
+    def optimizer_step(self, max_grad_norm: float):
+        grad_norm = super().optimizer_step(max_grad_norm)
+        if gathers_float8(self.cfg.precision, self.shards_units(self.mesh_dims(self.cfg, self.world_size))):
+            precompute_fsdp_scales([self.model])
+        return grad_norm
+
+
+class FSDPTraits(UnitSharded, TorchTraits):
+    """What parallel=fsdp declares for the launcher, validation and the planner."""
     name = "fsdp"
     options = FSDPOptions
     zero_support = {0: "parallel=fsdp always shards gradients and optimizer states: use zero=stage2 or "
@@ -72,7 +77,7 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
     activation_checkpointing = ("none", "full", "layer", "op")
     precision_autocast = False
     data_parallel_dims = ("dp_replicate", "dp_shard")
-    worker_modules = (*TorchStrategy.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
+    worker_modules = (*TorchTraits.worker_modules, "framework.parallel.fsdp", "framework.parallel.parallelize")
     # what the planner reads: every micro-batch's backward reduce-scatters its gradients
     reduces_every_micro_batch = True
     machinery = 2
@@ -114,6 +119,10 @@ class FSDPStrategy(UnitSharded, TorchStrategy):
             if not spec_for(cfg.model).has_blocks(cfg.model):
                 raise ConfigError("parallel.wrap_classes", f"{cfg.model._target_} has no block_classes(); "
                                                            f"name the block classes to shard")
+
+
+class FSDPStrategy(FSDPTraits, UnitShardedStep, TorchStrategy):
+    """The worker side of parallel=fsdp: the mesh and the model sharded by FSDP2."""
 
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         # FSDP2 and DTensor load here, in the worker: the launcher imports this module only to validate

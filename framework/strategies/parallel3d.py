@@ -32,9 +32,9 @@ from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import SPLIT_BACKWARD, build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.runtime.devices import device_type
-from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
 from framework.strategies.traits import AutoLayout
-from framework.strategies.fsdp import FSDPOptions, FSDPStrategy, UnitSharded
+from framework.strategies.fsdp import FSDPOptions, FSDPTraits, UnitSharded, UnitShardedStep
 
 if TYPE_CHECKING:
     from framework.parallel.parallelize import ShardingPlan
@@ -59,7 +59,8 @@ class Parallel3DOptions(FSDPOptions):
     rest_world_size: int = 8
 
 
-class Parallel3DStrategy(UnitSharded, TorchStrategy):
+class Parallel3DTraits(UnitSharded, TorchTraits):
+    """What parallel=3d declares for the launcher, validation and the planner."""
     name = "3d"
     options = Parallel3DOptions
     zero_support = {0: None, 2: None, 3: None,
@@ -73,7 +74,7 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
     precision_note = "fp16 loss scaling cannot reach into the pipeline schedule's backward; bf16 needs no scaling"
     model_parallel_dims = ("tp", "pp", "cp", "ep")
     data_parallel_dims = ("dp_replicate", "dp_shard")
-    worker_modules = (*FSDPStrategy.worker_modules, "framework.parallel.tied")
+    worker_modules = (*FSDPTraits.worker_modules, "framework.parallel.tied")
     # what the planner reads: gradients reduced once a step, at the last micro-batch (or pipeline backward)
     reduces_every_micro_batch = False
     machinery = 3
@@ -241,7 +242,10 @@ class Parallel3DStrategy(UnitSharded, TorchStrategy):
         else:
             canonical_name(p.pp_schedule)
 
-    # ---- inside a worker ----------------------------------------------------------------
+
+class Parallel3DStrategy(Parallel3DTraits, UnitShardedStep, TorchStrategy):
+    """The worker side of parallel=3d: the mesh, the parallelized model and its pipeline schedule."""
+
     def setup(self, model_factory, build_optimizer, build_scheduler) -> None:
         # FSDP2 and DTensor load here, in the worker (build_schedule imports pipelining there too)
         from framework.parallel.parallelize import parallelize

@@ -1,6 +1,7 @@
-"""parallel.name -> Strategy class. Adding a strategy: one file, one line here, one yaml. The planner
-(framework/plan) reaches a strategy only through here and reads what it shards and keeps from the class
-(its traits: framework/strategies/traits.py), so a new strategy needs no planner edit."""
+"""parallel.name -> strategy. Adding a strategy: one file (its traits class and its runtime class), one line here,
+one yaml. The launcher, validation and the planner (framework/plan) get the traits class only (`strategy_class`:
+what it shards and keeps, framework/strategies/traits.py), so a new strategy needs no planner edit; the worker gets
+the runtime class (`strategy_runtime`)."""
 from __future__ import annotations
 
 import importlib
@@ -26,12 +27,26 @@ def strategy_names() -> list[str]:
     return list(STRATEGIES)
 
 
-def strategy_class(name: str):
+def strategy_runtime(name: str):
+    """The class a worker builds (framework.strategies.runtime.Strategy): the registered one."""
     if name not in STRATEGIES:
         raise ConfigError("parallel", f"unknown strategy {name!r}; available: {', '.join(STRATEGIES)}")
     module, cls = STRATEGIES[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
 
+def strategy_class(name: str):
+    """Its traits class (framework.strategies.traits.StrategyTraits): the class-level declarations and `validate`
+    alone, what the launcher, validation and the planner read; the registered class where it is traits only."""
+    return traits_of(strategy_runtime(name))
+
+
+def traits_of(cls):
+    """The first class of `cls` and its bases that is no runtime (has no `forward_backward`, the method every
+    runtime.Strategy defines; found by name, so the registry imports no runtime): a strategy file's traits class."""
+    return next(c for c in cls.__mro__ if not hasattr(c, "forward_backward"))
+
+
 def all_strategy_classes():
+    """parallel.name -> traits class, for every registered strategy."""
     return {name: strategy_class(name) for name in STRATEGIES}

@@ -1,6 +1,7 @@
 """The worker-side interface every strategy implements: everything the trainer needs that depends on how the job
 is parallelised. The trainer calls only these methods; what a strategy must define is abstract. Its class-level
-declarations (capabilities, validation, the planner's traits) are traits.py."""
+declarations (capabilities, validation, the planner's traits) are its traits class (traits.py), which its runtime
+class subclasses."""
 from __future__ import annotations
 
 import abc

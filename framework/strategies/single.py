@@ -1,9 +1,9 @@
-from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
 from framework.strategies.traits import AutoLayout
 
 
-class SingleDeviceStrategy(TorchStrategy):
-    """One process, one device: the reference every parallel layout is checked against."""
+class SingleTraits(TorchTraits):
+    """What parallel=single declares for the launcher, validation and the planner."""
     name = "single"
     needs_process_group = False
     precisions = ("fp32", "bf16", "fp16", "float8")
@@ -25,3 +25,7 @@ class SingleDeviceStrategy(TorchStrategy):
             from framework.errors import ConfigError
             raise ConfigError("launcher.nproc_per_node",
                               f"parallel=single runs one process, not {world_size}; use parallel=ddp for several")
+
+
+class SingleDeviceStrategy(SingleTraits, TorchStrategy):
+    """One process, one device: the reference every parallel layout is checked against."""

@@ -14,15 +14,20 @@ from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.float8 import convert_float8
 from framework.parallel.precision import build_precision
 from framework.strategies.runtime import Strategy
+from framework.strategies.traits import StrategyTraits
 
 
-class TorchStrategy(Strategy):
-    """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
+class TorchTraits(StrategyTraits):
+    """What every strategy whose loop is TorchStrategy declares: torch.distributed.checkpoint's saves."""
     precision_autocast = True
     checkpoint_format = "dcp"
     supports_async_save = True
     saves_to_urls = True
     worker_modules = ("framework.checkpoint.dcp_state", "framework.parallel.grad_norm")
+
+
+class TorchStrategy(TorchTraits, Strategy):
+    """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
 
     def __init__(self, cfg):
         super().__init__(cfg)

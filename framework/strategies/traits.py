@@ -2,7 +2,9 @@
 exists: its capabilities (zero stages, precisions, activation checkpointing, adapters), its degrees, the batch
 layout, what the planner reads (how it shards and keeps model states, its mesh, the layouts parallel=auto tries)
 and `validate`, the template of checks every strategy runs. The worker-side interface is runtime.py; a strategy's
-one file subclasses both through its runtime class. framework/plan reads these and nothing of the runtime."""
+one file holds its traits class (a subclass of this) and its runtime class (a subclass of that and of runtime.py's
+Strategy). The registry gives framework/plan, admission and validation the traits class only
+(registry.strategy_class), the worker the runtime class (registry.strategy_runtime)."""
 from __future__ import annotations
 
 import dataclasses

@@ -21,7 +21,7 @@ from framework.metrics.trackers.base import TrackerError
 from framework.runtime import determinism
 from framework.runtime.preemption import Preempted, pass_on, report_requeue, signal_number
 from framework.storage.timeouts import set_timeout as set_storage_timeout
-from framework.strategies.registry import strategy_class
+from framework.strategies.registry import strategy_runtime
 from framework.train.step_batches import OutOfMemoryAtOneSequence
 from framework.train.trainer import Trainer
 
@@ -50,7 +50,7 @@ def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) ->
 
 
 def _run(cfg, run_dir: str, on_record, says_refusals: bool) -> None:
-    strategy = strategy_class(cfg.parallel.name)(cfg)
+    strategy = strategy_runtime(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:
         Trainer(cfg, strategy, run_dir, on_record).fit()

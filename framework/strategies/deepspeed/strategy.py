@@ -23,7 +23,7 @@ from framework.runtime.devices import device_type
 from framework.runtime.host_memory import returning_large_frees
 from framework.runtime.world import OPEN_CPU_WORKERS
 from framework.strategies.runtime import Strategy
-from framework.strategies.traits import AutoLayout
+from framework.strategies.traits import AutoLayout, StrategyTraits
 from framework.strategies.deepspeed import config as dsc
 from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
@@ -36,7 +36,8 @@ def _use_cpu_accelerator() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedTraits(StrategyTraits):
+    """What parallel=deepspeed declares for the launcher, validation and the planner."""
     name = "deepspeed"
     checkpoint_format = "deepspeed"
     # Its own CUDA kernels (fused optimizers, ZeRO's bucketed reductions on side streams) are outside
@@ -131,7 +132,10 @@ class DeepSpeedStrategy(Strategy):
                 raise ConfigError(f"parallel.{knob}", f"must be positive, got {p[knob]}")
         dsc.resolve(cfg, world_size)
 
-    # ---- inside a worker ----------------------------------------------------------------
+
+class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
+    """The worker side of parallel=deepspeed: DeepSpeed's engine drives the model, optimizer and checkpoints."""
+
     def __init__(self, cfg):
         super().__init__(cfg)
         if self.device.type == "cpu":

@@ -20,7 +20,7 @@ from framework.plan.hardware import device_named
 from framework.plan.planner import make_plan
 from framework.plan.shapes import _meta_model
 from framework.strategies import registry
-from framework.strategies.torch_strategy import TorchStrategy
+from framework.strategies.torch_strategy import TorchTraits
 from framework.strategies.traits import ZERO_SHARDS, AutoLayout
 from framework.strategies.registry import all_strategy_classes, strategy_class
 from tests.harness.helpers import REPO
@@ -34,7 +34,7 @@ class ReplicaOptions(ParallelConfig):
     gradient_as_bucket_view: bool = False
 
 
-class Replicas(TorchStrategy):
+class Replicas(TorchTraits):
     """Whole replicas whose gradients sync once a step; zero=stage1 partitions the optimizer states."""
     name = "replicas"
     options = ReplicaOptions
@@ -61,7 +61,7 @@ class UnitOptions(ParallelConfig):
     wrap_classes: list = field(default_factory=list)
 
 
-class Units(TorchStrategy):
+class Units(TorchTraits):
     """FSDP2-style units, gradients reduce-scattered every micro-batch."""
     name = "units"
     options = UnitOptions
