@@ -21,7 +21,7 @@ from torch._inductor import metrics
 from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
 
 from framework.config.paths import CONFIG_DIR
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.blocks import find_blocks

@@ -54,7 +54,7 @@ def configs(overrides: list[str]):
     from framework.config.paths import CONFIG_DIR
     from framework.config.schema import LoraConfig
     from framework.launch.admission import admit
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     register_configs()
     out = []
     for adapters in (True, False):

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.job_metrics import job_metrics  # noqa: E402
 from framework.config.paths import CONFIG_DIR  # noqa: E402
-from framework.launch.config_store import register_configs  # noqa: E402
+from framework.compose.config_store import register_configs  # noqa: E402
 from framework.models.factory import ModelFactory  # noqa: E402
 from framework.models.loss import cross_entropy  # noqa: E402
 

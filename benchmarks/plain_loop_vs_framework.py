@@ -39,7 +39,7 @@ MODEL = ["model=llama_125m", "model.dim=2048", "model.n_layers=16", "model.n_hea
 def _config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from framework.config.paths import CONFIG_DIR
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         return compose("config", overrides=["parallel=single", "data=synthetic", *overrides])

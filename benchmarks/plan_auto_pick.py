@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from framework.config.paths import CONFIG_DIR  # noqa: E402
-from framework.launch.config_store import register_configs  # noqa: E402
+from framework.compose.config_store import register_configs  # noqa: E402
 from benchmarks.job_metrics import job_metrics  # noqa: E402
 from framework.plan.auto import rank_layouts  # noqa: E402
 from framework.plan.hardware import measured_cpu  # noqa: E402

@@ -43,7 +43,7 @@ def worker(overrides: list[str], out: str) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     from framework.models.factory import ModelFactory
     from framework.optim.factory import OptimizerFactory
     from framework.optim.schedulers import build_scheduler

@@ -34,7 +34,7 @@ from framework.config.plugins import refuse_missing_plugins
 from framework.config.removed import refuse_removed_keys
 from framework.errors import ConfigError
 from framework.launch import admission, sweep_gpus
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.redact import RedactingStream, redact_files, redacted
 
 _task_started = False

@@ -38,7 +38,7 @@ def compose(overrides: tuple[str, ...] = ()) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         return hydra_compose("config", overrides=list(overrides))

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from framework.config.paths import CONFIG_DIR  # noqa: E402
 from framework.launch import admission  # noqa: E402
-from framework.launch.config_store import register_configs  # noqa: E402
+from framework.compose.config_store import register_configs  # noqa: E402
 from tests.harness.helpers import FAST, check_ok, losses, run_framework  # noqa: E402
 
 #: what trained_run adds to FAST: checkpoints at steps 4 and 8

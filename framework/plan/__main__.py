@@ -20,7 +20,7 @@ from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests
 from framework.errors import ConfigError
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.plan.check import planned_device, planned_world
 from framework.plan.hardware import measured_cpu
 from framework.plan.planner import Plan, make_plan

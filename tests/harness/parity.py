@@ -92,7 +92,7 @@ def _compose(overrides):
     from hydra.core.global_hydra import GlobalHydra
 
     from framework.config.paths import CONFIG_DIR
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     register_configs()
     if GlobalHydra.instance().is_initialized():
         return compose(config_name="config", overrides=list(overrides))

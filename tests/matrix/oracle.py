@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from framework.config.paths import CONFIG_DIR
 from framework.errors import ConfigError
 from framework.launch import admission
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.parallel.mesh import DIMS
 from tests.matrix.axes import Axis
 

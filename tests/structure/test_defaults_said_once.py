@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 import framework
 from framework.config.paths import CONFIG_DIR
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 
 ROOT = Path(framework.__file__).parent
 MODEL_SHAPE_KEYS = {"dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim", "multiple_of",

@@ -23,6 +23,7 @@ FOLDERS = [
     {"metrics"},
     {"config"},
     {"strategies", "export"},
+    {"compose"},
     {"train", "plan"},
     {"launch", "k8s"},
 ]

@@ -207,7 +207,7 @@ def test_the_planner_plans_a_pretrained_model_from_its_config(saved):
 
     from framework.config.paths import CONFIG_DIR
     from tests.harness.helpers import derive_and_validate
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     from framework.plan.check import refuse_if_it_cannot_fit
     from framework.plan.layout import layout_of
     from framework.plan.shapes import rank_parameters

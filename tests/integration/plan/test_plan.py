@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from framework.config.paths import CONFIG_DIR
 from tests.harness.helpers import derive_and_validate
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
 from framework.parallel.blocks import find_blocks

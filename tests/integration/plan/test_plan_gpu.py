@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from framework.config.paths import CONFIG_DIR
 from tests.harness.helpers import derive_and_validate
 from framework.launch import admission
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.parallel import precision
 from framework.plan.__main__ import plan_for
 from framework.plan.planner import MEMORY_OVERESTIMATE

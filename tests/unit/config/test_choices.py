@@ -13,7 +13,7 @@ from framework.config.paths import CONFIG_DIR
 from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.launch import admission
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.runtime import world
 from framework.strategies.registry import strategy_class
 

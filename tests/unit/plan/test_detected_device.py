@@ -56,7 +56,7 @@ def test_the_plan_refuses_a_job_too_big_for_a_detected_unknown_gpu(monkeypatch):
     from hydra import compose, initialize_config_dir
 
     from framework.config.paths import CONFIG_DIR
-    from framework.launch.config_store import register_configs
+    from framework.compose.config_store import register_configs
     register_configs()
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
         cfg = compose("config", overrides=["model=llama_125m", "data.seq_len=1024", "trainer.global_batch_size=8",

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from framework.config.paths import CONFIG_DIR
 from framework.config.schema import ParallelConfig
 from tests.harness.helpers import derive_and_validate
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.parallel.mesh import ParallelDims
 from framework.plan.auto import candidates, rank_layouts
 from framework.plan.check import _variants

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from framework.config.paths import CONFIG_DIR
 from framework.launch import admission
-from framework.launch.config_store import register_configs
+from framework.compose.config_store import register_configs
 from framework.metrics.profile import StepProfiler
 from framework.train.trainer import Trainer
 from tests.harness.helpers import FAST, read_metrics
