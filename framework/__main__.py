@@ -29,12 +29,13 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.compose.config_store import register_configs
 from framework.config.paths import CONFIG_DIR
 from framework.config.plugins import refuse_missing_plugins
 from framework.config.removed import refuse_removed_keys
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.launch import admission, sweep_gpus
-from framework.compose.config_store import register_configs
 from framework.redact import RedactingStream, redact_files, redacted
 
 _task_started = False
@@ -46,7 +47,7 @@ class SweepPointFailed(RuntimeError):
 
 
 @hydra.main(version_base=None, config_path=str(CONFIG_DIR), config_name="config")
-def app(cfg) -> float | None:
+def app(cfg: Config) -> float | None:
     """Returns the run's trainer.objective, which a sweeper such as Optuna minimises."""
     global _task_started
     _task_started = True
@@ -75,7 +76,7 @@ def redact_hydra_records() -> None:
     redact_files(paths)
 
 
-def refuse_a_study_without_its_objective(cfg) -> None:
+def refuse_a_study_without_its_objective(cfg: Config) -> None:
     """An Optuna study minimises trainer.objective; val_loss with evaluation off is never logged, and every
     trial would run before the sweeper found no value. Refused before the first trial, ending the whole
     sweep (a SystemExit is not a failed trial)."""

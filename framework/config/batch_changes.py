@@ -8,13 +8,14 @@ import copy
 
 from omegaconf import OmegaConf
 
+from framework.config.schema import Config
 from framework.data.ramp import BatchSizes
 from framework.errors import ConfigError
 
 RAMP = "trainer.rampup_batch_size"
 
 
-def _ramp(cfg) -> list[int] | None:
+def _ramp(cfg: Config) -> list[int] | None:
     ramp = cfg.trainer.rampup_batch_size
     if ramp is None:
         return None
@@ -31,7 +32,7 @@ def _ramp(cfg) -> list[int] | None:
     return ramp
 
 
-def _serves(cfg, strategy_cls, world_size: int, key: str, why: str, global_batch: int, micro: int,
+def _serves(cfg: Config, strategy_cls, world_size: int, key: str, why: str, global_batch: int, micro: int,
             pipeline_microbatches: int | None) -> None:
     """Validate the strategy as if the run were configured with this batch; a refusal names `key` too."""
     trial = copy.deepcopy(cfg)
@@ -47,7 +48,7 @@ def _serves(cfg, strategy_cls, world_size: int, key: str, why: str, global_batch
         raise ConfigError(key, f"{why}, where {e}") from None
 
 
-def validate_batch_changes(cfg, strategy_cls, world_size: int) -> None:
+def validate_batch_changes(cfg: Config, strategy_cls, world_size: int) -> None:
     t = cfg.trainer
     ramp = _ramp(cfg)
     for key, on in ((RAMP, ramp is not None), ("trainer.on_oom", t.on_oom == "retry")):

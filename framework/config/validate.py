@@ -17,6 +17,7 @@ from framework.checkpoint.rules import validate_checkpoint
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys
+from framework.config.schema import Config
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data.rules import validate_data_contents, validate_data_files
 from framework.errors import ConfigError, require_positive
@@ -29,7 +30,7 @@ from framework.runtime.engines import workers_here
 from framework.runtime.preemption import signal_number
 
 
-def _select(cfg, dotted: str):
+def _select(cfg: Config, dotted: str):
     node = cfg
     for part in dotted.split("."):
         node = getattr(node, part)
@@ -44,7 +45,7 @@ def _module_exists(name: str) -> bool:
         return False
 
 
-def check_keys(cfg) -> None:
+def check_keys(cfg: Config) -> None:
     """The generic key checks: no unknown key, none missing, every group's choice one it has. They come first in
     admission too: the derivations (derive.py) read complete, known keys."""
     refuse_unknown_keys(cfg)
@@ -54,7 +55,7 @@ def check_keys(cfg) -> None:
     check_choices(cfg)
 
 
-def validate(cfg, world_size: int, strategy_cls, run_dir: str | None = None,
+def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = None,
              explicit: set[str] | None = None) -> None:
     """Checks every rule on a config whose derived values admission has filled in
     (framework.config.derive); reads it only (admission hands it over read-only)."""

@@ -18,12 +18,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.compose.config_store import register_configs
 from framework.config.derive import derive
 from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
 from framework.errors import ConfigError
 from framework.launch import admission
-from framework.compose.config_store import register_configs
 from framework.redact import redacted
 from framework.k8s.manifests import (CONFIG_SUFFIX, KIND_OVERRIDES, KINDS, SECRET_SUFFIX, JobSpec, config_map,
                                      rfc1035, secret, secrets_out)

@@ -3,10 +3,11 @@ the rest of the launch, then run the workers on the validated, resolved config."
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from framework.config.schema import Config
 
 
 class Engine(ABC):
-    def __init__(self, cfg, strategy_cls, world_size: int):
+    def __init__(self, cfg: Config, strategy_cls, world_size: int):
         self.cfg, self.strategy_cls, self.world_size = cfg, strategy_cls, world_size
 
     def check(self) -> None:

@@ -2,13 +2,14 @@
 otherwise each import it again after the fork. A strategy declares what its own workers import
 (`worker_preload`, a trait); this adds the rest."""
 from __future__ import annotations
+from framework.config.schema import Config
 
 #: what every job's workers import, whatever the strategy (torch._dynamo: DDP and FSDP import it on their
 #: first wrap, ~1 s of CPU in each worker)
 FORK_SERVER_PRELOAD = ("framework.train.worker", "torch._dynamo")
 
 
-def fork_server_preload(strategy_cls, cfg) -> tuple[str, ...]:
+def fork_server_preload(strategy_cls, cfg: Config) -> tuple[str, ...]:
     """What the launcher's fork server imports once for all of this job's workers, which otherwise each
     import it again after the fork (0.5-1.5 s of CPU a worker for DeepSpeed, pipelining, a transformers
     architecture, float8 or compile: 8 workers on 2 cores start seconds later): the strategy's modules,

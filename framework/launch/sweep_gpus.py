@@ -19,6 +19,7 @@ import os
 import time
 from typing import Optional
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 
 _held: Optional[tuple[str, object, str]] = None   # this process's (sweep dir, open slot lock file, GPU slice)
@@ -164,7 +165,7 @@ def share_gpus_among_local_jobs(launcher_cfg, sweep_dir: str, nproc_per_node: Op
     return mine
 
 
-def for_this_point(cfg) -> None:
+def for_this_point(cfg: Config) -> None:
     """Under a Hydra multirun on CUDA: this point's GPUs, before anything else asks CUDA."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes, storage
 from framework.checkpoint.names import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
+from framework.config.schema import Config
 from framework.launch.base import Engine
 from framework.launch.preload import FORK_SERVER_PRELOAD, fork_server_preload
 from framework.redact import redacted
@@ -25,7 +26,7 @@ from framework.runtime.world import nproc_for_node, under_torchrun
 
 
 class TorchEngine(Engine):
-    def __init__(self, cfg, strategy_cls, world_size: int):
+    def __init__(self, cfg: Config, strategy_cls, world_size: int):
         super().__init__(cfg, strategy_cls, world_size)
         self.placement = discover(os.environ)
         self.spawns = not (under_torchrun() or isinstance(self.placement, Worker) or world_size == 1)

@@ -15,12 +15,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from framework import exit_codes
+from framework.compose.config_store import register_configs
 from framework.config.derive import derive
 from framework.config.paths import CONFIG_DIR
 from framework.config.validate import validate
 from framework.data.resolve import apply_dataset_manifests
 from framework.errors import ConfigError
-from framework.compose.config_store import register_configs
 from framework.plan.check import planned_device, planned_world
 from framework.plan.hardware import measured_cpu
 from framework.plan.planner import Plan, make_plan

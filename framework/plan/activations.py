@@ -39,6 +39,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
@@ -180,7 +181,7 @@ def _kind_of(module: nn.Module | None, style, in_block: bool) -> str:
     return SPLIT if in_block else WHOLE
 
 
-def job_model(cfg, spec, casting: Casting = Casting()) -> nn.Module:
+def job_model(cfg: Config, spec, casting: Casting = Casting()) -> nn.Module:
     """The model as the job builds it before any wrap (its activation checkpointing included), every
     parameter trained, in the dtype the job's wrapper computes with (`casting`: buffers stay as built, as
     FSDP2's policy and DeepSpeed's engine leave them); under FakeTensorMode, shapes only."""
@@ -201,7 +202,7 @@ def job_autocast(precision: str, casting: Casting = Casting()):
     return torch.autocast("cpu", enabled=False)
 
 
-def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = attention_kernel.FUSED,
+def measure(cfg: Config, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = attention_kernel.FUSED,
             casting: Casting = Casting()) -> ActivationProfile:
     """One forward + loss of the model as the job builds it (AC and precision included), on fake tensors,
     with attention on `kernel` (attention_kernel: the math kernel keeps its s x s scores).
@@ -214,7 +215,7 @@ def measure(cfg, micro_batch: int, seq_len: int, cp: int = 1, kernel: str = atte
     return _measure(key, cfg)
 
 
-def documents(cfg) -> bool:
+def documents(cfg: Config) -> bool:
     """Whether the job's forwards take packed documents (data.document_mask): the trace then builds their
     positions and attention mask as the job does -- the dense seq x seq mask of the CPU path, which attention
     keeps for backward (on CUDA flex_attention's block mask is far smaller: an upper bound there)."""
@@ -225,7 +226,7 @@ def documents(cfg) -> bool:
 _CACHE: dict = {}
 
 
-def _measure(key, cfg) -> ActivationProfile:
+def _measure(key, cfg: Config) -> ActivationProfile:
     if key in _CACHE:
         return _CACHE[key]
     casting, kernel, micro_batch, seq_len, cp, packed = key[4:]
@@ -323,7 +324,7 @@ def _repeated(three: ActivationProfile, period: int, periods: int) -> Activation
                              block_full=three.block_full, block_largest=three.block_largest, compiled=compiled)
 
 
-def _block_without_checkpointing(cfg, micro_batch: int, seq_len: int, cp: int, kernel: str,
+def _block_without_checkpointing(cfg: Config, micro_batch: int, seq_len: int, cp: int, kernel: str,
                                  casting: Casting) -> tuple[int, int]:
     """(bytes, largest tensor) one block keeps when it is not checkpointed."""
     plain = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

@@ -7,11 +7,12 @@ fused kernel serves every dtype, so the plan of a CPU job traces the fused kerne
 from __future__ import annotations
 
 from contextlib import nullcontext
+from framework.config.schema import Config
 
 FUSED, MATH = "fused", "math"
 
 
-def on_gpu(cfg) -> str:
+def on_gpu(cfg: Config) -> str:
     """FUSED or MATH for the job's attention on a CUDA device."""
     if cfg.precision.name != "fp32":
         return FUSED

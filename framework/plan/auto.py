@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.plan.hardware import Device
@@ -75,7 +76,7 @@ def _micro_batches(global_batch: int, dp: int) -> list[int]:
     return [m for m in range(1, share + 1) if share % m == 0 and (m & (m - 1) == 0 or m == share)]
 
 
-def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Candidate]:
+def candidates(cfg: Config, world: int, per_node: int, strategies: list[str]) -> list[Candidate]:
     """Each named strategy's layouts (in the order `strategies` lists them), each with every activation
     checkpointing mode and power-of-two micro-batch its data-parallel share allows."""
     spec = spec_for(cfg.model)
@@ -90,12 +91,12 @@ def candidates(cfg, world: int, per_node: int, strategies: list[str]) -> list[Ca
     return out
 
 
-def apply(cfg, cand: Candidate) -> DictConfig:
+def apply(cfg: Config, cand: Candidate) -> DictConfig:
     """A copy of cfg with the candidate's layout (parallel.* from the strategy's own schema)."""
     return _with_layout(_resolved(cfg), cand)
 
 
-def _resolved(cfg) -> DictConfig:
+def _resolved(cfg: Config) -> DictConfig:
     return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -119,7 +120,7 @@ def _checked(trial, world: int) -> bool:
     return True
 
 
-def rank_layouts(cfg, world: int, device: Device, per_node: int,
+def rank_layouts(cfg: Config, world: int, device: Device, per_node: int,
                  time_on_device: bool = False) -> list[tuple[Candidate, Plan]]:
     """Every candidate that validates and fits, fastest first (stable: enumeration order breaks ties).
     `time_on_device`: as make_plan's (each distinct micro-batch, checkpointing and dtype is timed once)."""
@@ -181,7 +182,7 @@ def report(ranked: list[tuple[Candidate, Plan]], top: int) -> str:
     return "\n".join(lines)
 
 
-def choose_layout(cfg, world: int, device: Device, per_node: int,
+def choose_layout(cfg: Config, world: int, device: Device, per_node: int,
                   time_on_device: bool = False) -> tuple[str, list]:
     """Rewrite cfg (in place) to the fastest layout that fits; return the report and the ranking."""
     ranked = rank_layouts(cfg, world, device, per_node, time_on_device)

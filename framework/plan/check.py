@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.plan.hardware import Device, detected_device, device_named
 from framework.plan.planner import MEMORY_OVERESTIMATE, Plan, make_plan
@@ -11,17 +12,17 @@ from framework.strategies.registry import strategy_class
 GIB = 1024 ** 3
 
 
-def planned_device(cfg) -> Device | None:
+def planned_device(cfg: Config) -> Device | None:
     return device_named(cfg.planner.device) if cfg.planner.device else detected_device()
 
 
-def gpus_per_node(cfg, launcher_world: int, device: Device) -> int:
+def gpus_per_node(cfg: Config, launcher_world: int, device: Device) -> int:
     """The one rule (the memory check, parallel=auto, python -m framework.plan): planner.gpus_per_node,
     else the job's launcher.nproc_per_node, else the launcher's world on a CPU, else 8 for a GPU."""
     return cfg.planner.gpus_per_node or cfg.launcher.nproc_per_node or (launcher_world if device.name == "cpu" else 8)
 
 
-def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
+def planned_world(cfg: Config, launcher_world: int, device: Device) -> tuple[int, int]:
     """(world size, GPUs per node) the plan is for: planner.nodes x gpus_per_node. A single node whose
     planner.gpus_per_node is not given is planned at the launcher's world size."""
     per_node = gpus_per_node(cfg, launcher_world, device)
@@ -30,7 +31,7 @@ def planned_world(cfg, launcher_world: int, device: Device) -> tuple[int, int]:
     return cfg.planner.nodes * per_node, per_node
 
 
-def _variants(cfg):
+def _variants(cfg: Config):
     """Cheaper-to-run changes first: recompute, more sharding (the next zero stage, where the strategy
     takes it), smaller micro-batches, model parallelism (the strategy's tp and pp dims)."""
     strategy, ac, z = strategy_class(cfg.parallel.name), cfg.activation_checkpointing.mode, cfg.zero.stage
@@ -48,7 +49,7 @@ def _variants(cfg):
                                                               "parallel.dp_shard": -1}
 
 
-def cheapest_fit(cfg, world: int, device: Device, per_node: int, validate) -> str | None:
+def cheapest_fit(cfg: Config, world: int, device: Device, per_node: int, validate) -> str | None:
     fitting = []
     for text, changes in _variants(cfg):
         trial = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -64,7 +65,7 @@ def cheapest_fit(cfg, world: int, device: Device, per_node: int, validate) -> st
     return min(fitting)[1] if fitting else None
 
 
-def refuse_if_it_cannot_fit(cfg, launcher_world: int, validate) -> Plan | None:
+def refuse_if_it_cannot_fit(cfg: Config, launcher_world: int, validate) -> Plan | None:
     """Raise ConfigError where the most loaded rank needs more than the device holds."""
     if not cfg.planner.check:
         return None

@@ -15,6 +15,7 @@ from functools import lru_cache
 import torch
 from omegaconf import OmegaConf
 
+from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
@@ -31,7 +32,7 @@ class CpuTiming:
     optimizer_s: float      # one clipped optimizer step over the whole model, zero_grad included
 
 
-def measured_timing(cfg, micro_batch: int, seq_len: int, threads: int, flops_per_token: float,
+def measured_timing(cfg: Config, micro_batch: int, seq_len: int, threads: int, flops_per_token: float,
                     peak: float, fixed_share: float) -> CpuTiming | None:
     """This CPU's timing of the job's fp32 model with `threads` threads (whose matmul peak is `peak`), or
     None where the model is not timed (too large, or it cannot run here)."""
@@ -68,7 +69,7 @@ def _seconds(model_yaml: str, optimizer_yaml: str, data_vocab: int, micro_batch:
         torch.set_num_threads(before)
 
 
-def tensor_parallel_overhead_s(cfg, seq_len: int, tp: int, sequence_parallel: bool) -> float:
+def tensor_parallel_overhead_s(cfg: Config, seq_len: int, tp: int, sequence_parallel: bool) -> float:
     """Seconds a tensor-parallel rank spends on one micro-batch's forward and backward beyond its 1/tp share
     of the plain model's time, on one core: DTensor's dispatch (sharding propagation, redistribution,
     the functional collectives' wrappers) around every sharded linear and, with sequence parallelism,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
@@ -72,7 +73,7 @@ def time_steps(model: torch.nn.Module, optimizer, tokens: torch.Tensor, repeats:
 _CACHE: dict = {}
 
 
-def timed_on_device(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -> DeviceTiming | None:
+def timed_on_device(cfg: Config, micro_batch: int, seq_len: int, casting: Casting, device: str) -> DeviceTiming | None:
     """The job's model timed on `device` ("cuda", or "cpu" for the tests), extended from two and three
     periods of blocks to all of them; None where it cannot run there (the reason is logged)."""
     key = (config_key(cfg.model), config_key(cfg.activation_checkpointing), config_key(cfg.optimizer),
@@ -83,7 +84,7 @@ def timed_on_device(cfg, micro_batch: int, seq_len: int, casting: Casting, devic
     return _CACHE[key]
 
 
-def _timed(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -> DeviceTiming | None:
+def _timed(cfg: Config, micro_batch: int, seq_len: int, casting: Casting, device: str) -> DeviceTiming | None:
     two, three = few_blocks.shortened(cfg, 2), few_blocks.shortened(cfg, 3)
     try:
         if two is None or three is None:        # a model that cannot be shortened is timed whole
@@ -104,7 +105,7 @@ def _timed(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -
                         optimizer_s=two_opt + (periods - 2) * per_period_opt)
 
 
-def _seconds(cfg, micro_batch: int, seq_len: int, casting: Casting, device: str) -> tuple[float, float]:
+def _seconds(cfg: Config, micro_batch: int, seq_len: int, casting: Casting, device: str) -> tuple[float, float]:
     from framework.parallel.compile import compile_blocks
     from framework.parallel.float8 import convert_float8
     from framework.parallel.precision import compute_dtype

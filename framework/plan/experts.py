@@ -2,13 +2,14 @@
 rank holds, and the all-to-all traffic of expert parallelism (zero for a dense model)."""
 from __future__ import annotations
 
+from framework.config.schema import Config
 from framework.models.spec import spec_for
 from framework.plan.comm import block_of
 from framework.plan.layout import Layout
 from framework.plan.shapes import ParamShape
 
 
-def expert_summary(cfg, shapes: list[ParamShape]) -> dict:
+def expert_summary(cfg: Config, shapes: list[ParamShape]) -> dict:
     """{} for a dense model; else parameters (total, active per token) and the expert elements this rank holds."""
     spec = spec_for(cfg.model)
     total, active = spec.num_params(cfg.model), spec.active_params(cfg.model)
@@ -18,7 +19,7 @@ def expert_summary(cfg, shapes: list[ParamShape]) -> dict:
             "expert_params_per_rank": sum(s.numel for s in shapes if s.expert)}
 
 
-def all_to_all_bytes(cfg, layout: Layout, shapes: list[ParamShape]) -> dict[str, int]:
+def all_to_all_bytes(cfg: Config, layout: Layout, shapes: list[ParamShape]) -> dict[str, int]:
     """Per rank and step: every routed copy of a token goes to its expert's rank and back (dispatch +
     combine) in forward and again in backward; (ep - 1) / ep of it leaves the rank."""
     if layout.ep <= 1:

@@ -6,23 +6,24 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
+from framework.config.schema import Config
 from framework.models.spec import spec_for
 
 
-def period(cfg) -> int:
+def period(cfg: Config) -> int:
     """Blocks per repeating unit of the job: every_n_layers under layer-wise checkpointing, else 1."""
     ac = cfg.activation_checkpointing
     return (ac.get("every_n_layers") or 1) if ac.mode == "layer" else 1
 
 
-def periods(cfg) -> int:
+def periods(cfg: Config) -> int:
     """Whole periods in the model; 0 where it cannot be shortened (traced whole then)."""
     spec = spec_for(cfg.model)
     layers = spec.num_layers(cfg.model) if spec.supports_pipeline else 0
     return 0 if layers % period(cfg) else layers // period(cfg)
 
 
-def shortened(cfg, n_periods: int):
+def shortened(cfg: Config, n_periods: int):
     """cfg with `n_periods` periods of blocks, or None where its spec cannot shorten it or it has no more."""
     if periods(cfg) <= n_periods:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from framework.config.schema import Config
 from framework.parallel.batch_layout import batch_layout
 from framework.strategies.registry import strategy_class
 
@@ -109,7 +110,7 @@ class Layout:
         return " ".join(parts)
 
 
-def layout_of(cfg, world_size: int) -> Layout:
+def layout_of(cfg: Config, world_size: int) -> Layout:
     """The layout of a validated config (micro_batch_size filled in) on `world_size` processes."""
     p = cfg.parallel
     name = p.name

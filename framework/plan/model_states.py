@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from framework.config.schema import Config
 from framework.plan.layout import Layout
 from framework.plan.shapes import ParamShape
 
@@ -124,7 +125,7 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
                        offloaded=(master + opt + grads) if layout.offload_optimizer else 0, grads_whole_step=True)
 
 
-def model_states(cfg, layout: Layout, shapes: list[ParamShape]) -> ModelStates:
+def model_states(cfg: Config, layout: Layout, shapes: list[ParamShape]) -> ModelStates:
     """The model states of the rank holding `shapes` (the first rank of its tp and data-parallel groups)."""
     optimizer = OptimizerKind.of(cfg.optimizer)
     if layout.sharding == "flat":

@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.blocks import find_blocks
@@ -160,7 +161,7 @@ class Traced:
     what does not (autocast's weight copies, the gradients' accumulation; most of an MoE layer's
     traffic at short sequences) is the rest. The second trace is made only when asked for."""
 
-    def __init__(self, cfg, seq_len: int, kernel: str):
+    def __init__(self, cfg: Config, seq_len: int, kernel: str):
         self._args = (cfg, seq_len, kernel)
         self.one = traced(cfg, 1, seq_len, kernel)
 
@@ -170,11 +171,11 @@ class Traced:
         return traced(cfg, 2, seq_len, kernel)
 
 
-def traced_per_sequence(cfg, seq_len: int, kernel: str = attention_kernel.FUSED) -> Traced:
+def traced_per_sequence(cfg: Config, seq_len: int, kernel: str = attention_kernel.FUSED) -> Traced:
     return Traced(cfg, seq_len, kernel)
 
 
-def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED,
+def traced(cfg: Config, micro_batch: int, seq_len: int, kernel: str = attention_kernel.FUSED,
            casting: Casting = Casting()) -> OpCosts:
     """The operators of one micro-batch of `micro_batch` sequences of `seq_len` tokens, attention on
     `kernel` (cached).
@@ -191,7 +192,8 @@ def traced(cfg, micro_batch: int, seq_len: int, kernel: str = attention_kernel.F
     return _CACHE[key]
 
 
-def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
+def _trace_few_blocks(cfg: Config, micro_batch: int, seq_len: int, kernel: str,
+                      casting: Casting = Casting()) -> OpCosts:
     """The model traced with two and with three periods of blocks (framework/plan/few_blocks.py) gives the
     first and last blocks' cost and each further period's."""
     shorter = [few_blocks.shortened(cfg, n) for n in (2, 3)]
@@ -208,7 +210,7 @@ def _trace_few_blocks(cfg, micro_batch: int, seq_len: int, kernel: str, casting:
     return two
 
 
-def _as_float8_on_a_gpu(model, cfg, spec) -> None:
+def _as_float8_on_a_gpu(model, cfg: Config, spec) -> None:
     """precision=float8: the blocks' linears as a GPU run converts them (torchao's Float8Linear, no
     emulation), so their inputs', weights' and gradients' scaling and casts are traced; the matmuls show
     as the float8 tensors' own mm, at the bf16 shapes the planner times at the device's fp8 peak."""
@@ -220,7 +222,7 @@ def _as_float8_on_a_gpu(model, cfg, spec) -> None:
     convert_float8(model, on_gpu, spec, fsdp=False)
 
 
-def _trace(cfg, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
+def _trace(cfg: Config, micro_batch: int, seq_len: int, kernel: str, casting: Casting = Casting()) -> OpCosts:
     from torch._subclasses.fake_tensor import FakeTensorMode
     spec = spec_for(cfg.model)
     costs = OpCosts()

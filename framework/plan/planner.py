@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from framework.config.schema import Config
 from framework.metrics.mfu import matmul_dtype
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
@@ -85,7 +86,7 @@ def holds_head(layout: Layout, pp_rank: int) -> bool:
     return layout.pp * layout.virtual_stages - 1 in stages
 
 
-def _model_dims(cfg) -> tuple[int, int, int]:
+def _model_dims(cfg: Config) -> tuple[int, int, int]:
     m = cfg.model
     hidden = m.get("dim") or m.get("n_embd") or m.get("hidden_size") or 0
     vocab = m.get("vocab_size") or cfg.data.vocab_size
@@ -93,7 +94,7 @@ def _model_dims(cfg) -> tuple[int, int, int]:
     return int(hidden), int(vocab), int(layers)
 
 
-def _kv_dim(cfg) -> int:
+def _kv_dim(cfg: Config) -> int:
     """Width of the keys (all heads): what context parallelism gathers per token and block."""
     m = cfg.model
     heads = m.get("n_heads") or m.get("num_attention_heads") or 1
@@ -101,7 +102,7 @@ def _kv_dim(cfg) -> int:
     return int(kv_heads) * (_model_dims(cfg)[0] // int(heads))
 
 
-def _gathered_kv_bytes(cfg, layout: Layout, blocks: int) -> int:
+def _gathered_kv_bytes(cfg: Config, layout: Layout, blocks: int) -> int:
     """What each block's attention keeps for backward under context parallelism beyond a plain forward of
     the rank's share: the keys and values of the rest of the sequence (cp - 1 of cp shares), and a second
     copy of its output (each query chunk's attention keeps its own output, which are then joined into the
@@ -125,7 +126,7 @@ def _unit_numels(shapes) -> list[int]:
     return list(units.values())
 
 
-def _activations(cfg, layout: Layout, pp_rank: int, kernel: str = attention_kernel.FUSED) -> tuple[int, int]:
+def _activations(cfg: Config, layout: Layout, pp_rank: int, kernel: str = attention_kernel.FUSED) -> tuple[int, int]:
     """(bytes held after the forwards in flight, one block's recompute) for pipeline rank `pp_rank`, with
     attention on `kernel`."""
     # one sequence, scaled by the micro-batch (but autocast's weight copies, made once)
@@ -152,7 +153,7 @@ def _activations(cfg, layout: Layout, pp_rank: int, kernel: str = attention_kern
     return held, recompute
 
 
-def _buffers(cfg, layout: Layout, shapes, recompute: int, vocab: int) -> int:
+def _buffers(cfg: Config, layout: Layout, shapes, recompute: int, vocab: int) -> int:
     units = _unit_numels(shapes) or [0]
     gather = 4 if layout.precision == "fp32" else 2
     tokens = layout.micro_batch * layout.local_seq_len
@@ -197,13 +198,13 @@ def _peak(device: Device, precision_cfg) -> float:
     return device.peak_flops.get(matmul_dtype(precision_cfg)) or device.peak_flops.get("fp32")
 
 
-def _optimizer_share(cfg, per_rank: dict) -> float:
+def _optimizer_share(cfg: Config, per_rank: dict) -> float:
     """The rank's share of the whole model's optimizer work (its states, sharded by zero / fsdp / tp / pp)."""
     kind = OptimizerKind.of(cfg.optimizer)
     return per_rank["optimizer"] / kind.bytes_for(spec_for(cfg.model).num_params(cfg.model)) if kind.moments else 1.0
 
 
-def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: int,
+def _gpu_seconds(cfg: Config, layout: Layout, device: Device, per_rank: dict, pp_rank: int,
                  time_on_device: bool) -> tuple[float, float, str]:
     """(forward + backward of the rank's micro-batches, its optimizer step, where that came from) on a GPU:
     timed on it where it is this host's (plan/device_timing.py), else from the job's own operators
@@ -241,7 +242,7 @@ def _gpu_seconds(cfg, layout: Layout, device: Device, per_rank: dict, pp_rank: i
     return layout.accumulation * per_micro, optimizer_s, source
 
 
-def make_plan(cfg, world_size: int, device: Device, gpus_per_node: int, time_on_device: bool = False) -> Plan:
+def make_plan(cfg: Config, world_size: int, device: Device, gpus_per_node: int, time_on_device: bool = False) -> Plan:
     """The plan of the most loaded rank of a validated config on `world_size` processes. `time_on_device`:
     where `device` is this host's GPU, time the job's model on it (python -m framework.plan; a launch does
     not, as its check needs memory only and the GPU is the workers')."""

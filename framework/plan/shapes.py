@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+from framework.config.schema import Config
 from framework.models import lora
 from framework.models.spec import spec_for
 from framework.parallel.expert_parallel import expert_layers
@@ -68,12 +69,12 @@ _META: dict[str, nn.Module] = {}
 _SHAPES: dict[tuple, list] = {}
 
 
-def _model_key(cfg) -> str:
+def _model_key(cfg: Config) -> str:
     lora_cfg = cfg.get("lora")
     return config_key(cfg.model) + (config_key(lora_cfg) if lora_cfg is not None and lora_cfg.enabled else "")
 
 
-def _meta_model(cfg) -> nn.Module:
+def _meta_model(cfg: Config) -> nn.Module:
     """The job's model on the meta device, with its adapters (lora.enabled: only they train)."""
     key = _model_key(cfg)
     if key not in _META:
@@ -88,7 +89,7 @@ def _meta_model(cfg) -> nn.Module:
     return _META[key]
 
 
-def _itemsize(cfg, module: nn.Module, attr: str, p) -> float:
+def _itemsize(cfg: Config, module: nn.Module, attr: str, p) -> float:
     """Bytes an element of the parameter takes as the job stores it: an adapted linear's frozen weight in
     lora.base_dtype (NF4: 4 bits plus a double-quantised scale a block; float8: a byte plus a row scale)."""
     if isinstance(module, lora.LoRALinear) and attr == "weight":
@@ -105,7 +106,7 @@ def _itemsize(cfg, module: nn.Module, attr: str, p) -> float:
 _STAGES: dict[tuple, nn.Module] = {}
 
 
-def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
+def stage_modules(cfg: Config, layout: Layout, pp_rank: int) -> list[nn.Module]:
     """The modules rank `pp_rank` of the pipeline holds, on the meta device (each stage split once: a split
     copies the model)."""
     model = _meta_model(cfg)
@@ -120,7 +121,7 @@ def stage_modules(cfg, layout: Layout, pp_rank: int) -> list[nn.Module]:
     return [_STAGES[key, i, stages] for i in ids]
 
 
-def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
+def rank_parameters(cfg: Config, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     """Every parameter (each tied one once per module that holds it) of pipeline rank `pp_rank`."""
     key = (_model_key(cfg), layout.strategy, layout.tp, layout.pp, layout.virtual_stages,
            layout.pp_schedule, layout.sequence_parallel, layout.dp_replicate, layout.dp_shard, layout.zero, pp_rank,
@@ -130,7 +131,7 @@ def rank_parameters(cfg, layout: Layout, pp_rank: int = 0) -> list[ParamShape]:
     return _SHAPES[key]
 
 
-def _rank_parameters(cfg, layout: Layout, pp_rank: int) -> list[ParamShape]:
+def _rank_parameters(cfg: Config, layout: Layout, pp_rank: int) -> list[ParamShape]:
     spec = spec_for(cfg.model)
     tied = {name for pair in spec.tied_parameters(cfg.model) for name in pair}
     shapes = []

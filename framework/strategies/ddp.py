@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from framework.config.schema import ParallelConfig
+from framework.config.schema import Config, ParallelConfig
 from framework.errors import ConfigError
 from framework.runtime.world import OPEN_CPU_WORKERS
 from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
@@ -46,23 +46,23 @@ class DDPTraits(TorchTraits):
     adapter_base_dtypes = ("float32", "bfloat16", "float8", "nf4")
 
     @classmethod
-    def gradient_copy(cls, cfg) -> bool:
+    def gradient_copy(cls, cfg: Config) -> bool:
         """DDP's buckets hold a second copy of the gradients unless the gradients are views into them."""
         return not cfg.parallel.get("gradient_as_bucket_view", False)
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         if world_size == 1:
             return []
         return [AutoLayout(zero, (), world_size) for zero in cls.accepted_zero_stages()]
 
     @classmethod
-    def worker_preload(cls, cfg) -> tuple[str, ...]:
+    def worker_preload(cls, cfg: Config) -> tuple[str, ...]:
         # ZeroRedundancyOptimizer's package compiles TorchScript on import (~0.5 s): only where it runs
         return (*cls.worker_modules, *(("torch.distributed.optim",) if cfg.zero.stage == 1 else ()))
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         if cfg.parallel.comm_hook not in COMM_HOOKS:
             raise ConfigError("parallel.comm_hook", f"unknown hook {cfg.parallel.comm_hook!r}; "
                                                     f"use one of {', '.join(COMM_HOOKS)}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 
 from framework.errors import ConfigError
-from framework.config.schema import ParallelConfig
+from framework.config.schema import Config, ParallelConfig
 from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
 from framework.parallel.mesh import ParallelDims
 from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
@@ -28,7 +28,7 @@ class FSDPOptions(ParallelConfig):
     wrap_classes: list[str] = field(default_factory=list)   # FSDP units (block class names); empty = the model's blocks
 
 
-def sharded_dims(cfg, world_size: int) -> ParallelDims:
+def sharded_dims(cfg: Config, world_size: int) -> ParallelDims:
     """FSDP2's degrees; zero=none: every data-parallel rank a full replica (HSDP with shard size 1)."""
     dims = ParallelDims.from_config(cfg.parallel, world_size)
     return dims.replicate_only() if cfg.zero.stage == 0 else dims
@@ -49,7 +49,7 @@ class UnitSharded:
         return stage != 3           # FSDP2's reshard_after_forward=False (ShardingPlan reads this)
 
     @classmethod
-    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+    def mesh_dims(cls, cfg: Config, world_size: int) -> ParallelDims:
         return sharded_dims(cfg, world_size)
 
 
@@ -85,7 +85,7 @@ class FSDPTraits(UnitSharded, TorchTraits):
     adapter_base_dtypes = ("float32", "bfloat16")
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         """Every stage sharded over the world, and HSDP (replicas across nodes, shards within one)."""
         out = []
         if world_size == 1:
@@ -98,17 +98,17 @@ class FSDPTraits(UnitSharded, TorchTraits):
         return out
 
     @classmethod
-    def casts_weights(cls, cfg, world_size: int) -> bool:
+    def casts_weights(cls, cfg: Config, world_size: int) -> bool:
         return True         # every rank's units gather in param_dtype, one rank included
 
     @classmethod
-    def workers_wanted(cls, cfg) -> int:
+    def workers_wanted(cls, cfg: Config) -> int:
         rep, shard = cfg.parallel.dp_replicate, cfg.parallel.dp_shard
         known = max(rep, 1) * max(shard, 1)
         return max(2, known) if -1 in (rep, shard) else known
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         ParallelDims.from_config(cfg.parallel, world_size)
         if cfg.zero.offload_optimizer and not cfg.zero.offload_params:
             raise ConfigError("zero.offload_optimizer", "parallel=fsdp offloads parameters, gradients and "

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.parallel.batch_layout import BatchLayout, batch_layout
@@ -85,13 +86,13 @@ class Parallel3DTraits(UnitSharded, TorchTraits):
         return mesh_dims.fsdp_size > 1
 
     @classmethod
-    def casts_weights(cls, cfg, world_size: int) -> bool:
+    def casts_weights(cls, cfg: Config, world_size: int) -> bool:
         # Experts sharded by parallel.ep stay out of FSDP2, in fp32 under autocast: planned as all weights
         # autocast (the few others' copies counted too, a small over-estimate)
         return cls.shards_units(cls.mesh_dims(cfg, world_size)) and cfg.parallel.get("ep", 1) == 1
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         """Every tp (within a node) x cp (long sequences) x pp split whose pipeline divides the layers, with
         1F1B and, where the layers allow two stages a rank, Interleaved1F1B; sequence parallelism or not;
         ZeRO-3 over what is left for data parallelism."""
@@ -124,20 +125,20 @@ class Parallel3DTraits(UnitSharded, TorchTraits):
         return out
 
     @classmethod
-    def worker_preload(cls, cfg) -> tuple[str, ...]:
+    def worker_preload(cls, cfg: Config) -> tuple[str, ...]:
         # pipelining imports dynamo (~0.6 s): only where there are stages
         return (*cls.worker_modules, *(("torch.distributed.pipelining",) if cfg.parallel.pp != 1 else ()))
 
     # ---- before any worker exists -------------------------------------------------------
     @classmethod
-    def workers_wanted(cls, cfg) -> int:
+    def workers_wanted(cls, cfg: Config) -> int:
         p = cfg.parallel
         if -1 in (p.dp_replicate, p.dp_shard, p.tp, p.pp):
             return p.rest_world_size
         return ParallelDims.degrees_product(p)
 
     @classmethod
-    def check_world(cls, cfg, world_size: int) -> None:
+    def check_world(cls, cfg: Config, world_size: int) -> None:
         p = cfg.parallel
         if -1 not in (p.tp, p.pp, p.dp_replicate, p.dp_shard):
             return      # every degree fixed: ParallelDims names the product against the world size
@@ -158,12 +159,12 @@ class Parallel3DTraits(UnitSharded, TorchTraits):
                                       f"{'GPUs (torchrun/srun across nodes)' if on_gpus else 'workers (launcher.nproc_per_node)'}")
 
     @classmethod
-    def batch_layout(cls, cfg, world_size: int) -> BatchLayout:
+    def batch_layout(cls, cfg: Config, world_size: int) -> BatchLayout:
         dims = ParallelDims.from_config(cfg.parallel, world_size)
         return batch_layout(cfg, dims.dp, dims.pp)
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         p, model = cfg.parallel, cfg.model
         if cfg.zero.offload_optimizer or cfg.zero.offload_params:
             raise ConfigError("zero", "parallel=3d does not offload; parallel=deepspeed offloads optimizer states "

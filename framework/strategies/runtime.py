@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from framework.config.schema import Config
 from framework.metrics.memory import local_bytes
 from framework.parallel.batch_layout import BatchLayout
 from framework.parallel.process_group import init_default_group
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class Strategy(StrategyTraits, abc.ABC):
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None

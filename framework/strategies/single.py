@@ -1,3 +1,4 @@
+from framework.config.schema import Config
 from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
 from framework.strategies.traits import AutoLayout
 
@@ -16,11 +17,11 @@ class SingleTraits(TorchTraits):
     adapter_base_dtypes = ("float32", "bfloat16", "float8", "nf4")
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         return [AutoLayout(zero=0)] if world_size == 1 else []
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         if world_size != 1:
             from framework.errors import ConfigError
             raise ConfigError("launcher.nproc_per_node",

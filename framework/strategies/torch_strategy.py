@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from framework.config.schema import Config
 from framework.metrics.memory import local_bytes
 from framework.models.loss import weighted_micro_batch
 from framework.parallel.build_order import checkpoint_compile_wrap
@@ -29,7 +30,7 @@ class TorchTraits(StrategyTraits):
 class TorchStrategy(TorchTraits, Strategy):
     """Shared loop body for strategies whose model is a torch nn.Module driven by a torch optimizer."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         self.precision = build_precision(cfg, self.device, autocast=self.precision_autocast)
         self._async_group = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from framework.config.schema import LoraConfig, ParallelConfig
+from framework.config.schema import Config, LoraConfig, ParallelConfig
 from framework.errors import ConfigError
 from framework.parallel.activation_checkpointing import validate_activation_checkpointing
 from framework.parallel.batch_layout import BatchLayout, batch_layout
@@ -58,15 +58,15 @@ class StrategyTraits:
     default_workers = 1
 
     @classmethod
-    def workers_wanted(cls, cfg) -> int:
+    def workers_wanted(cls, cfg: Config) -> int:
         return cls.default_workers
 
     @classmethod
-    def check_world(cls, cfg, world_size: int) -> None:
+    def check_world(cls, cfg: Config, world_size: int) -> None:
         """Before anything divides the world: refuse a world too small for the layout, saying how to shrink it."""
 
     @classmethod
-    def batch_layout(cls, cfg, world_size: int) -> BatchLayout:
+    def batch_layout(cls, cfg: Config, world_size: int) -> BatchLayout:
         """How a global batch splits over this strategy's ranks (every rank a data-parallel one here);
         ConfigError where the batch rule does not hold."""
         return batch_layout(cfg, dp=world_size)
@@ -115,13 +115,13 @@ class StrategyTraits:
         return False
 
     @classmethod
-    def mesh_dims(cls, cfg, world_size: int) -> ParallelDims:
+    def mesh_dims(cls, cfg: Config, world_size: int) -> ParallelDims:
         """The degrees model states and batches follow on `world_size` ranks: every rank a data-parallel
         replica here."""
         return ParallelDims(pp=1, dp_replicate=world_size, dp_shard=1, cp=1, tp=1)
 
     @classmethod
-    def gradient_copy(cls, cfg) -> bool:
+    def gradient_copy(cls, cfg: Config) -> bool:
         """Whether it keeps a second, whole copy of the gradients (DDP's buckets)."""
         return False
 
@@ -130,38 +130,38 @@ class StrategyTraits:
     precision_autocast = False
 
     @classmethod
-    def casts_weights(cls, cfg, world_size: int) -> bool:
+    def casts_weights(cls, cfg: Config, world_size: int) -> bool:
         """Whether the blocks run on weights the wrapper has already cast to precision.param_dtype (FSDP2's
         mixed-precision policy, DeepSpeed's bf16 module) rather than on fp32 weights under autocast: then
         autocast keeps no low-precision copies of them, and the residual stream is in that dtype too."""
         return False
 
     @classmethod
-    def flat_sizes(cls, cfg) -> dict[str, int]:
+    def flat_sizes(cls, cfg: Config) -> dict[str, int]:
         """dp_sharding="flat": elements of its gradient reduce bucket ("reduce_bucket"), of stage 3's
         parameter prefetch bucket ("prefetch_bucket"), and the size below which a stage-3 parameter stays
         whole on every rank ("persistence_threshold")."""
         return {}
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         """The layouts parallel=auto tries for this strategy on `world_size` ranks (`per_node` a node),
         in the order ties keep."""
         return []
 
     @classmethod
-    def worker_preload(cls, cfg) -> tuple[str, ...]:
+    def worker_preload(cls, cfg: Config) -> tuple[str, ...]:
         """The modules this strategy's workers import, which the launcher's fork server imports once for all
         of them (framework/launch/preload.py). Nothing here may touch CUDA: a child forked after that cannot use it."""
         return cls.worker_modules
 
     @classmethod
-    def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
+    def adopt_user_files(cls, cfg: Config, world_size: int, explicit: set[str]) -> None:
         """Before validation: let files the user brings (DeepSpeed's JSON) set what the user left at our
         defaults (`explicit`: the keys chosen on the command line or by a recipe)."""
 
     @classmethod
-    def validate(cls, cfg, world_size: int) -> None:
+    def validate(cls, cfg: Config, world_size: int) -> None:
         """The template every strategy runs: the shared capability checks, always, then its own `check`."""
         stage = cfg.zero.stage
         if stage not in cls.zero_support:
@@ -220,11 +220,11 @@ class StrategyTraits:
                                                             "parallel.tp=1 has none; set parallel.tp (parallel=3d)")
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         """Rules this strategy adds on top of the shared ones; raise ConfigError."""
 
     @classmethod
-    def check_adapters(cls, cfg) -> None:
+    def check_adapters(cls, cfg: Config) -> None:
         """lora.enabled: whether this strategy trains adapters, on frozen weights of lora.base_dtype; without it
         no other lora key may differ from its default (it would be silently ignored)."""
         if not cfg.lora.enabled:

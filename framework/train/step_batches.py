@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from framework.config.schema import Config
 from framework.data.batches import micro_batches
 from framework.data.ramp import BatchSizes
 from framework.objectives.base import Objective
@@ -37,7 +38,7 @@ def lacked(message: str) -> str:
 
 
 class StepBatches:
-    def __init__(self, cfg, strategy, objective: Objective):
+    def __init__(self, cfg: Config, strategy, objective: Objective):
         t = cfg.trainer
         self.strategy = strategy
         self.objective = objective

@@ -6,6 +6,7 @@ import time
 import torch
 
 from framework.checkpoint.manager import CheckpointManager
+from framework.config.schema import Config
 from framework.data.batches import build_samplers, micro_batches
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
@@ -29,7 +30,7 @@ from framework.train.step_batches import StepBatches
 
 
 class Trainer:
-    def __init__(self, cfg, strategy, run_dir: str, on_record=None):
+    def __init__(self, cfg: Config, strategy, run_dir: str, on_record=None):
         self.cfg = cfg
         self.strategy = strategy
         self.on_record = on_record      # every rank's view of each metrics record (framework.train.worker.run_worker)

@@ -16,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 
 from framework import exit_codes, storage
 from framework.checkpoint.names import META, ResumeRefused, checkpoint_dir, step_dir_name
+from framework.config.schema import Config
 from framework.metrics.gpu_health import GpuFault
 from framework.metrics.trackers.base import TrackerError
 from framework.runtime import determinism
@@ -38,7 +39,7 @@ def _peer_failure(e: BaseException) -> bool:
     return isinstance(e, dist.DistError) or any(w in text for w in ("gloo", "nccl", "connection reset", "timed out"))
 
 
-def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) -> None:
+def run_worker(cfg: Config, run_dir: str, on_record=None, says_refusals: bool = True) -> None:
     """`on_record`: called on every rank with each metrics record as it is logged (the Ray engine reports them).
     `says_refusals`: rank 0 prints the `error:` line of a checkpoint it refuses as it loads it (a worker that
     the launcher spawned leaves that line to the launcher, which prints it once whichever rank refused).
@@ -49,7 +50,7 @@ def run_worker(cfg, run_dir: str, on_record=None, says_refusals: bool = True) ->
         _run(cfg, run_dir, on_record, says_refusals)
 
 
-def _run(cfg, run_dir: str, on_record, says_refusals: bool) -> None:
+def _run(cfg: Config, run_dir: str, on_record, says_refusals: bool) -> None:
     strategy = strategy_runtime(cfg.parallel.name)(cfg)
     strategy.setup_distributed()
     try:

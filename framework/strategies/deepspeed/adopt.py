@@ -14,6 +14,7 @@ import json
 from omegaconf import OmegaConf
 
 from framework.config.explicit import is_explicit
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.parallel.batch_layout import micro_batch_for
 from framework.parallel.precision import COMPUTE_DTYPES
@@ -39,14 +40,14 @@ ADOPTED = (
 )
 
 
-def _set_precision(cfg, name: str) -> None:
+def _set_precision(cfg: Config, name: str) -> None:
     """Switch the precision group to another option, as `precision=<name>` would: its options differ from
     the schema only in the name and the compute dtype; the rest of precision.* stays as composed."""
     cfg.precision.name = name
     cfg.precision.param_dtype = COMPUTE_DTYPES[name]
 
 
-def adopt(cfg, world_size: int, explicit: set[str]) -> None:
+def adopt(cfg: Config, world_size: int, explicit: set[str]) -> None:
     path = cfg.parallel.ds_config
     if not path:
         return

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.strategies.deepspeed.ops import choose_adam_kernel
@@ -41,12 +42,12 @@ DS_OPTIMIZERS = {
 }
 
 
-def batch(cfg, world_size: int) -> BatchLayout:
+def batch(cfg: Config, world_size: int) -> BatchLayout:
     """DeepSpeed data-parallelises over every rank."""
     return batch_layout(cfg, dp=world_size)
 
 
-def has_fp16_hardware(cfg) -> bool:
+def has_fp16_hardware(cfg: Config) -> bool:
     import torch
     return cfg.device != "cpu" and torch.cuda.is_available()
 
@@ -55,7 +56,7 @@ def _knob_defaults() -> dict[str, Any]:
     return {f.name: f.default for f in fields(DeepSpeedOptions)}
 
 
-def optimizer_section(cfg) -> dict | None:
+def optimizer_section(cfg: Config) -> dict | None:
     """The DeepSpeed "optimizer" section equal to the optimizer group, or None if DeepSpeed has none."""
     opt = cfg.optimizer
     if opt._target_ not in DS_OPTIMIZERS:
@@ -69,14 +70,14 @@ def optimizer_section(cfg) -> dict | None:
     return {"type": ds_type, "params": {**params, **extra}}
 
 
-def fp16_scaling(cfg) -> dict:
+def fp16_scaling(cfg: Config) -> dict:
     """precision.* dynamic loss scaling in DeepSpeed's words (its scale grows x2, backs off x0.5)."""
     prec, p = cfg.precision, cfg.parallel
     return {"loss_scale": 0, "initial_scale_power": int(round(math.log2(prec.init_scale))),
             "loss_scale_window": prec.growth_interval, **{k: p[k] for k in FP16_KNOBS}}
 
 
-def _offload(cfg, enabled: bool) -> dict:
+def _offload(cfg: Config, enabled: bool) -> dict:
     p = cfg.parallel
     if not enabled:
         return {"device": "none"}
@@ -85,7 +86,7 @@ def _offload(cfg, enabled: bool) -> dict:
     return {"device": "cpu", "pin_memory": p.pin_memory}
 
 
-def generate(cfg, world_size: int) -> dict:
+def generate(cfg: Config, world_size: int) -> dict:
     t, p, z, precision = cfg.trainer, cfg.parallel, cfg.zero, cfg.precision.name
     layout = batch(cfg, world_size)
     zero: dict[str, Any] = {"stage": z.stage}
@@ -141,7 +142,7 @@ def load_user_config(path: str) -> dict:
     return _renamed(data)
 
 
-def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]]:
+def _owned(cfg: Config, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]]:
     """DeepSpeed key -> (the run's value, the run setting it comes from, as the user would type it)."""
     t, z, layout = cfg.trainer, cfg.zero, batch(cfg, world_size)
     precision = f"precision={cfg.precision.name}"
@@ -171,7 +172,7 @@ def _owned(cfg, world_size: int, generated: dict) -> dict[tuple, tuple[Any, str]
     return owned
 
 
-def _check_optimizer(cfg, user: dict, problems: list[str]) -> None:
+def _check_optimizer(cfg: Config, user: dict, problems: list[str]) -> None:
     section = user.get("optimizer")
     if section is None:
         return
@@ -202,7 +203,7 @@ def _check_optimizer(cfg, user: dict, problems: list[str]) -> None:
 WARMUP_SCHEDULERS = ("WarmupLR", "WarmupDecayLR")
 
 
-def _fill_scheduler(cfg, user: dict, problems: list[str]) -> None:
+def _fill_scheduler(cfg: Config, user: dict, problems: list[str]) -> None:
     """A WarmupLR / WarmupDecayLR section runs in DeepSpeed instead of scheduler=; "auto" comes from the run."""
     section = user["scheduler"]
     if not isinstance(section, dict) or section.get("type") not in WARMUP_SCHEDULERS:
@@ -221,7 +222,7 @@ def _fill_scheduler(cfg, user: dict, problems: list[str]) -> None:
             problems.append(f"scheduler.params.{key}={json.dumps(got)} contradicts {setting}={value}")
 
 
-def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) -> dict:
+def reconcile(cfg: Config, world_size: int, generated: dict, user: dict, source: str) -> dict:
     """`generated` with the user's keys laid on top; raises ConfigError listing every contradiction."""
     user = copy.deepcopy(user)
     problems: list[str] = []
@@ -255,7 +256,7 @@ def reconcile(cfg, world_size: int, generated: dict, user: dict, source: str) ->
     return merged
 
 
-def resolve(cfg, world_size: int) -> dict:
+def resolve(cfg: Config, world_size: int) -> dict:
     generated = generate(cfg, world_size)
     p = cfg.parallel
     overrides = OmegaConf.to_container(p.overrides, resolve=True) if p.overrides else {}

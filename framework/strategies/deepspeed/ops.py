@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.runtime.devices import device_type
 
@@ -21,7 +22,7 @@ def skip_inference_comm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
-def adam_op(cfg) -> str:
+def adam_op(cfg: Config) -> str:
     """The DeepSpeed op its Adam would need: cpu_adam steps offloaded states, fused_adam GPU ones."""
     return "cpu_adam" if cfg.zero.offload_optimizer else "fused_adam"
 
@@ -36,7 +37,7 @@ def has_nvcc() -> bool:
     return CUDA_HOME is not None and os.path.isfile(os.path.join(CUDA_HOME, "bin", "nvcc"))
 
 
-def choose_adam_kernel(cfg, ds: dict, source: str) -> None:
+def choose_adam_kernel(cfg: Config, ds: dict, source: str) -> None:
     """Set optimizer.params.torch_adam in the resolved DeepSpeed config where DeepSpeed's kernel
     would have to be compiled; refuse an explicit torch_adam=false that cannot be."""
     section = ds.get("optimizer")

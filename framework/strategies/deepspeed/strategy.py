@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.metrics.memory import local_bytes
 from framework.models.loss import weighted_micro_batch
@@ -62,17 +63,17 @@ class DeepSpeedTraits(StrategyTraits):
     machinery = 4
 
     @classmethod
-    def flat_sizes(cls, cfg) -> dict[str, int]:
+    def flat_sizes(cls, cfg: Config) -> dict[str, int]:
         p = cfg.parallel
         return {"reduce_bucket": p.reduce_bucket_size, "prefetch_bucket": p.stage3_prefetch_bucket_size,
                 "persistence_threshold": p.stage3_param_persistence_threshold}
 
     @classmethod
-    def casts_weights(cls, cfg, world_size: int) -> bool:
+    def casts_weights(cls, cfg: Config, world_size: int) -> bool:
         return cfg.precision.name in ("bf16", "fp16")   # the engine casts the module's parameters, not buffers
 
     @classmethod
-    def auto_layouts(cls, cfg, world_size: int, per_node: int) -> list[AutoLayout]:
+    def auto_layouts(cls, cfg: Config, world_size: int, per_node: int) -> list[AutoLayout]:
         """ZeRO-1 to 3 (zero=none is DDP's layout with more machinery), and 2 and 3 with the optimizer
         states in host memory."""
         if world_size == 1:
@@ -81,7 +82,7 @@ class DeepSpeedTraits(StrategyTraits):
             + [AutoLayout(zero, (), world_size, offload=True) for zero in (2, 3)]
 
     @classmethod
-    def worker_preload(cls, cfg) -> tuple[str, ...]:
+    def worker_preload(cls, cfg: Config) -> tuple[str, ...]:
         """DeepSpeed picks its accelerator as it is imported, so the fork server gets the workers'
         DS_ACCELERATOR first. On a GPU it is left to the workers: its import asks CUDA for devices."""
         if device_type(cfg) != "cpu":
@@ -90,11 +91,11 @@ class DeepSpeedTraits(StrategyTraits):
         return ("deepspeed",)
 
     @classmethod
-    def adopt_user_files(cls, cfg, world_size: int, explicit: set[str]) -> None:
+    def adopt_user_files(cls, cfg: Config, world_size: int, explicit: set[str]) -> None:
         adopt(cfg, world_size, explicit)
 
     @classmethod
-    def check(cls, cfg, world_size: int) -> None:
+    def check(cls, cfg: Config, world_size: int) -> None:
         if cfg.trainer.on_nonfinite == "skip":
             raise ConfigError("trainer.on_nonfinite", "parallel=deepspeed cannot drop a step's gradients from its "
                                                       "ZeRO buffers; use abort (fp16 loss scaling skips overflowed "
@@ -136,7 +137,7 @@ class DeepSpeedTraits(StrategyTraits):
 class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
     """The worker side of parallel=deepspeed: DeepSpeed's engine drives the model, optimizer and checkpoints."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config):
         super().__init__(cfg)
         if self.device.type == "cpu":
             _use_cpu_accelerator()
