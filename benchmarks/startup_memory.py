@@ -47,14 +47,14 @@ def worker(overrides: list[str], out: str) -> None:
     from framework.models.factory import ModelFactory
     from framework.optim.factory import OptimizerFactory
     from framework.optim.schedulers import build_scheduler
-    from framework.strategies.registry import strategy_class
+    from framework.strategies.registry import strategy_runtime
     from framework.models.loss import cross_entropy
     from framework.train.trainer import Trainer
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
-    s = strategy_class(cfg.parallel.name)(cfg)
+    s = strategy_runtime(cfg.parallel.name)(cfg)
     s.setup_distributed()
     trainer = Trainer(cfg, s, tempfile.mkdtemp())
     readings = {}
