@@ -57,12 +57,10 @@ def check_keys(cfg: Config) -> None:
 
 def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = None,
              explicit: set[str] | None = None) -> None:
-    """Checks every rule on a config whose derived values admission has filled in
-    (framework.config.derive); reads it only (admission hands it over read-only)."""
-    check_keys(cfg)
+    """Checks every rule on a config whose derived values are filled in: framework.config.derive ran first (it
+    checks the keys, the world and the batch layout the derivations read, so they are not checked twice); reads
+    it only (admission hands it over read-only)."""
     explicit = hydra_explicit_keys() if explicit is None else explicit
-    strategy_cls.check_world(cfg, world_size)
-    strategy_cls.batch_layout(cfg, world_size)     # every batch rule, once
     require_positive(cfg, "trainer.max_steps", "trainer.log_every", "optimizer.lr", "checkpoint.keep_last",
                      "launcher.timeout_s", "launcher.stop_grace_s")
     for key in ("trainer.eval_every", "trainer.grad_clip", "checkpoint.interval", "launcher.max_restarts",
