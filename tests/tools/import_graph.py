@@ -9,7 +9,8 @@ Dynamic, from running jobs (left out with --static): the journey of a job's conf
 worker's trainer (tests/tools/journey_trace.py records it): the modules that hold the config, in order, how many
 distinct ones, the moves between them and the returns to a module already left. Two tiny jobs run, each from a
 directory outside the checkout: one process (parallel=single), and parallel=ddp on two workers (the launcher's part,
-then rank 0's from the moment it starts). --calls also lists the calls that handed the config on."""
+then rank 0's from the moment it starts), and the deepest hand-on: the longest chain of modules that pass the config
+down to one another. --calls also lists the calls that handed the config on."""
 from __future__ import annotations
 
 import ast
@@ -164,7 +165,7 @@ def journey_report(show_calls: bool) -> list[str]:
     for title, overrides in JOBS.items():
         with tempfile.TemporaryDirectory(prefix="journey-") as folder:
             records = run_journey(overrides, Path(folder))
-        path, calls = [], []
+        path, calls, deepest = [], [], []
         if len(records) == 2:       # the launcher's part ends where the worker's begins (one clock for both)
             launcher, worker = records
             launcher["path"] = [m for m, t in zip(launcher["path"], launcher["times"]) if t < worker["started"]]
@@ -173,6 +174,7 @@ def journey_report(show_calls: bool) -> list[str]:
                 if not path or path[-1] != module:
                     path.append(module)
             calls += record["calls"]
+            deepest = max(deepest, record.get("deepest", []), key=len)
         if not path or path[-1] != "framework.train.trainer":
             raise SystemExit(f"{title}: the config never reached the trainer: {path}")
         figures = path_figures(path)
@@ -180,6 +182,8 @@ def journey_report(show_calls: bool) -> list[str]:
                    f"them, {figures['returns']} returns to a module already left; "
                    f"{' and '.join(r['role'] for r in records)}")
         out += [f"  {' -> '.join(m.removeprefix('framework.') for m in path)}"]
+        out.append(f"  its deepest hand-on, {len(deepest)} modules (each passing the config down to the next): "
+                   f"{' -> '.join(m.removeprefix('framework.') for m in deepest)}")
         if show_calls:
             out += [f"    {c}" for c in calls]
     return out

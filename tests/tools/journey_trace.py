@@ -57,6 +57,7 @@ def _profile(frame, event, arg):
         if (module == PACKAGE or module.startswith(PACKAGE + ".")) and _receives(frame, state["config"]):
             state["stack"].append(frame)
             _enter(module, frame.f_code.co_name)
+            _note_depth(state["stack"])
             if module == END:
                 _finish()
     elif event == "return" and state["stack"] and state["stack"][-1] is frame:
@@ -64,6 +65,18 @@ def _profile(frame, event, arg):
         if state["stack"]:
             caller = state["stack"][-1]
             _enter(caller.f_globals["__name__"], None)
+
+
+def _note_depth(stack) -> None:
+    """The deepest hand-on so far: the chain of modules (consecutive repeats collapsed) through which the config
+    was passed down to the call now starting."""
+    chain = []
+    for frame in stack:
+        module = frame.f_globals["__name__"]
+        if not chain or chain[-1] != module:
+            chain.append(module)
+    if len(chain) > len(_state["deepest"]):
+        _state["deepest"] = chain
 
 
 def _enter(module: str, function: str | None) -> None:
@@ -76,7 +89,7 @@ def _enter(module: str, function: str | None) -> None:
 
 
 def _start(config, role: str) -> None:
-    _state.update(active=True, config=config, role=role, stack=[], path=[], times=[], calls=[],
+    _state.update(active=True, config=config, role=role, stack=[], path=[], times=[], calls=[], deepest=[],
                   started=time.monotonic(), done=False)
     sys.setprofile(_profile)
 
@@ -87,7 +100,8 @@ def _finish() -> None:
     sys.setprofile(None)
     _state["done"] = True
     out = {"role": _state["role"], "rank": int(os.environ.get("RANK", "0")), "path": _state["path"],
-           "times": _state["times"], "started": _state["started"], "calls": _state["calls"], "reached_trainer": _state["path"][-1:] == [END]}
+           "times": _state["times"], "started": _state["started"], "calls": _state["calls"], "deepest": _state["deepest"],
+           "reached_trainer": _state["path"][-1:] == [END]}
     with open(os.path.join(_state["folder"], f"{_state['role']}-{os.getpid()}.json"), "w") as f:
         json.dump(out, f, indent=1)
 
