@@ -5,12 +5,15 @@ validated as if it were the configured one, and a refusal names both keys."""
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from framework.config.schema import Config
 from framework.data.ramp import BatchSizes
 from framework.errors import ConfigError
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 RAMP = "trainer.rampup_batch_size"
 

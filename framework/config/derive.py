@@ -6,11 +6,15 @@ function here; validation (validate.py) writes nothing.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from framework.checkpoint.rules import take_initial_load_values
 from framework.config.explicit import hydra_explicit_keys
-from framework.config.schema import Config
 from framework.config.validate import check_keys
 from framework.data.rules import document_mask
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def derive(cfg: Config, world_size: int, strategy_cls, explicit: set[str] | None = None) -> None:

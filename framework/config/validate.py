@@ -9,6 +9,7 @@ values derived from others are filled in before (derive.py), and admission hands
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
@@ -17,7 +18,6 @@ from framework.checkpoint.rules import validate_checkpoint
 from framework.config.batch_changes import validate_batch_changes
 from framework.config.choices import check_choices
 from framework.config.explicit import hydra_explicit_keys
-from framework.config.schema import Config
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data.rules import validate_data_contents, validate_data_files
 from framework.errors import ConfigError, require_positive
@@ -28,6 +28,9 @@ from framework.runtime import determinism
 from framework.runtime.devices import check_visible_gpus
 from framework.runtime.engines import workers_here
 from framework.runtime.preemption import signal_number
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def _select(cfg: Config, dotted: str):

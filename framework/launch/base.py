@@ -3,7 +3,10 @@ the rest of the launch, then run the workers on the validated, resolved config."
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from framework.config.schema import Config
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 class Engine(ABC):

@@ -2,7 +2,11 @@
 otherwise each import it again after the fork. A strategy declares what its own workers import
 (`worker_preload`, a trait); this adds the rest."""
 from __future__ import annotations
-from framework.config.schema import Config
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 #: what every job's workers import, whatever the strategy (torch._dynamo: DDP and FSDP import it on their
 #: first wrap, ~1 s of CPU in each worker)

@@ -17,10 +17,12 @@ import fcntl
 import json
 import os
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 _held: Optional[tuple[str, object, str]] = None   # this process's (sweep dir, open slot lock file, GPU slice)
 #: the GPUs the machine offers a sweep, recorded by the sweep's own process before its launcher starts points

@@ -11,18 +11,21 @@ import signal
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
 from framework import exit_codes, storage
 from framework.checkpoint.names import META, CheckpointError, checkpoint_dir, complete_checkpoints, read_meta
-from framework.config.schema import Config
 from framework.launch.base import Engine
 from framework.launch.preload import FORK_SERVER_PRELOAD, fork_server_preload
 from framework.redact import redacted
 from framework.runtime.cluster_env import Node, Worker, discover
 from framework.runtime.preemption import ignoring, stopping_once_on
 from framework.runtime.world import nproc_for_node, under_torchrun
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 class TorchEngine(Engine):

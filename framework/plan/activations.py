@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
@@ -39,7 +40,6 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.activation_checkpointing import checkpoint_activations
@@ -48,6 +48,9 @@ from framework.parallel.precision import compute_dtype
 from framework.plan import attention_kernel, few_blocks
 from framework.plan.cache_key import config_key
 from framework.plan.layout import Casting
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 SPLIT, WHOLE, SEQUENCE = "split", "whole", "sequence"   # how tensor parallelism divides a tensor
 COPIES = "copies"       # autocast's casts of the weights: split by tp like the weights, not by micro-batch

@@ -7,7 +7,10 @@ fused kernel serves every dtype, so the plan of a CPU job traces the fused kerne
 from __future__ import annotations
 
 from contextlib import nullcontext
-from framework.config.schema import Config
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 FUSED, MATH = "fused", "math"
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.plan.hardware import Device
 from framework.plan.planner import Plan, make_plan
 from framework.strategies.registry import strategy_class, strategy_names
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 # Predicted step times this close are a tie: the planner's terms cannot separate them (its predictions
 # scatter more than this against measured steps, benchmarks/plan_step_time.py). The simpler layout has

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from omegaconf import OmegaConf
+from typing import TYPE_CHECKING
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.plan.hardware import Device, detected_device, device_named
 from framework.plan.planner import MEMORY_OVERESTIMATE, Plan, make_plan
 from framework.strategies.registry import strategy_class
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 GIB = 1024 ** 3
 

@@ -11,15 +11,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import OmegaConf
 
-from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
 from framework.plan.device_timing import WARMUPS, median, time_steps
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 MAX_TIMED_S = 1.0      # the longest micro-batch (at the fixed share's estimate) that is timed
 BUDGET_S = 3.0         # for all rounds of one micro-batch size and thread count

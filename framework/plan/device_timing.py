@@ -20,16 +20,19 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.optim.factory import OptimizerFactory
 from framework.plan import few_blocks
 from framework.plan.cache_key import config_key
 from framework.plan.layout import Casting
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 log = logging.getLogger(__name__)
 

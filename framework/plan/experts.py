@@ -2,11 +2,15 @@
 rank holds, and the all-to-all traffic of expert parallelism (zero for a dense model)."""
 from __future__ import annotations
 
-from framework.config.schema import Config
+from typing import TYPE_CHECKING
+
 from framework.models.spec import spec_for
 from framework.plan.comm import block_of
 from framework.plan.layout import Layout
 from framework.plan.shapes import ParamShape
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def expert_summary(cfg: Config, shapes: list[ParamShape]) -> dict:

@@ -5,9 +5,12 @@ that is already this short, is traced whole."""
 from __future__ import annotations
 
 from omegaconf import OmegaConf
+from typing import TYPE_CHECKING
 
-from framework.config.schema import Config
 from framework.models.spec import spec_for
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def period(cfg: Config) -> int:

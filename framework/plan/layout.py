@@ -8,11 +8,13 @@ strategy's name, so a strategy registered in its own file is planned as it is.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from framework.config.schema import Config
 from framework.parallel.batch_layout import batch_layout
 from framework.strategies.registry import strategy_class
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 class Casting(NamedTuple):

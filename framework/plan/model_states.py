@@ -4,10 +4,13 @@ in metrics.jsonl), computed from shapes and the rules each strategy's library fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from framework.config.schema import Config
 from framework.plan.layout import Layout
 from framework.plan.shapes import ParamShape
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 FP32 = 4
 STEP_BYTES = 4      # torch's Adam/AdamW keep `step` as a float32 scalar tensor per parameter

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from framework.config.schema import Config
 from framework.models.loss import cross_entropy
 from framework.models.spec import spec_for
 from framework.parallel.blocks import find_blocks
@@ -35,6 +35,9 @@ from framework.plan import attention_kernel, few_blocks
 from framework.plan.activations import job_autocast, job_model
 from framework.plan.cache_key import config_key
 from framework.plan.layout import Casting
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 MATMULS = ("mm", "addmm", "bmm", "_grouped_mm", "baddbmm")
 ATTENTION = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from framework.config.schema import Config
 from framework.metrics.mfu import matmul_dtype
 from framework.models.spec import spec_for
 from framework.parallel.pipeline import stage_ids
@@ -15,6 +15,9 @@ from framework.plan.hardware import Device
 from framework.plan.layout import Layout, layout_of
 from framework.plan.model_states import ModelStates, OptimizerKind, model_states
 from framework.plan.shapes import rank_parameters
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 LOOPED = ("interleaved1f1b", "loopedbfs", "interleavedzerobubble")
 ALL_FORWARDS_FIRST = ("gpipe", "loopedbfs")

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from framework.config.schema import Config
 from framework.models import lora
 from framework.models.spec import spec_for
 from framework.parallel.expert_parallel import expert_layers
 from framework.parallel.pipeline import stage_ids
 from framework.plan.cache_key import config_key
 from framework.plan.layout import Layout
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ tensor parallel -> activation checkpointing -> FSDP2 over the data-parallel dims
 created on the meta device; each rank then materializes only its own stages' shards, computed
 from the same per-parameter seeds as a single-process run.
 
+if TYPE_CHECKING:
+    from framework.config.schema import Config
+
 Batches (parallel/batch_layout.py): each data-parallel rank (every tp rank of it sees the same batch)
 takes global_batch_size / dp sequences per step, as micro-batches of trainer.micro_batch_size, or with
 pipelining as parallel.pp_microbatches pipeline micro-batches. zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
@@ -25,7 +28,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.models.spec import spec_for
 from framework.parallel.batch_layout import BatchLayout, batch_layout

@@ -13,12 +13,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.schema import Config
 from framework.metrics.memory import local_bytes
 from framework.parallel.batch_layout import BatchLayout
 from framework.parallel.process_group import init_default_group
 from framework.runtime.devices import join_one_process_world, prepare_worker, process_group_backend
 from framework.strategies.traits import StrategyTraits
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 if TYPE_CHECKING:
     from framework.models.factory import ModelFactory

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from framework.config.schema import Config
 from framework.metrics.memory import local_bytes
 from framework.models.loss import weighted_micro_batch
 from framework.parallel.build_order import checkpoint_compile_wrap
@@ -16,6 +16,9 @@ from framework.parallel.float8 import convert_float8
 from framework.parallel.precision import build_precision
 from framework.strategies.runtime import Strategy
 from framework.strategies.traits import StrategyTraits
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 class TorchTraits(StrategyTraits):

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
-from framework.config.schema import Config
 from framework.data.batches import micro_batches
 from framework.data.ramp import BatchSizes
 from framework.objectives.base import Objective
 from framework.runtime import faults
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 class OutOfMemoryAtOneSequence(RuntimeError):

@@ -10,13 +10,13 @@ import sys
 import threading
 import time
 import traceback
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from framework import exit_codes, storage
 from framework.checkpoint.names import META, ResumeRefused, checkpoint_dir, step_dir_name
-from framework.config.schema import Config
 from framework.metrics.gpu_health import GpuFault
 from framework.metrics.trackers.base import TrackerError
 from framework.runtime import determinism
@@ -25,6 +25,9 @@ from framework.storage.timeouts import set_timeout as set_storage_timeout
 from framework.strategies.registry import strategy_runtime
 from framework.train.step_batches import OutOfMemoryAtOneSequence
 from framework.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 PR_SET_PDEATHSIG = 1
 #: the key a worker's refusal of the checkpoint it resumes is reported under (exit code USAGE)

@@ -10,16 +10,19 @@ the run dir shows what ran.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from framework.config.explicit import is_explicit
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.parallel.batch_layout import micro_batch_for
 from framework.parallel.precision import COMPUTE_DTYPES
 from framework.strategies.deepspeed.config import has_fp16_hardware, load_user_config
 from framework.strategies.deepspeed.values import AUTO, MISSING, lookup, same
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 _enabled = lambda device: device != "none"   # noqa: E731
 

@@ -15,16 +15,18 @@ import json
 import math
 import os
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.parallel.batch_layout import BatchLayout, batch_layout
 from framework.strategies.deepspeed.ops import choose_adam_kernel
 from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.strategies.deepspeed.values import AUTO, MISSING, autos, deep_merge, lookup, put, same
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 # parallel.* knobs copied verbatim into zero_optimization.
 ZERO_KNOBS = ("overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",

@@ -8,10 +8,13 @@ is prebuilt the optimizer section asks for torch's Adam(W) (`torch_adam`), which
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.runtime.devices import device_type
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def skip_inference_comm_op() -> None:

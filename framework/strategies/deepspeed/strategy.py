@@ -9,11 +9,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from framework.config.schema import Config
 from framework.errors import ConfigError
 from framework.metrics.memory import local_bytes
 from framework.models.loss import weighted_micro_batch
@@ -30,6 +29,9 @@ from framework.strategies.deepspeed.adopt import adopt
 from framework.strategies.deepspeed.ops import skip_inference_comm_op
 from framework.strategies.deepspeed.options import DeepSpeedOptions
 from framework.strategies.deepspeed.restricted_load import restricted_engine_load
+
+if TYPE_CHECKING:
+    from framework.config.schema import Config
 
 
 def _use_cpu_accelerator() -> None:
