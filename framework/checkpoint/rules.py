@@ -3,6 +3,7 @@ buckets, the weights checkpoint.initial_load brings, and the checkpoint a run re
 state and RNG files readable) before any work."""
 from __future__ import annotations
 
+import json
 import os
 
 from omegaconf import OmegaConf
@@ -42,12 +43,13 @@ def take_initial_load_values(cfg, explicit: set[str] = frozenset()) -> None:
             if not c.storage_timeout_s > 0:
                 return
             set_storage_timeout(c.storage_timeout_s)
-        path = storage.local_copy(c.initial_load)
         importable("model._target_", cfg.model._target_)
         spec = spec_for(cfg.model)
-        if not spec.has_hf_layout or not os.path.isfile(os.path.join(path, hf_files.CONFIG)):
+        config_json = storage.join(c.initial_load, hf_files.CONFIG)
+        if not spec.has_hf_layout or not storage.isfile(config_json):
             return
-        values = spec.hf_function_values(hf_files.read_config(path))
+        # config.json alone: the weights are downloaded (and checked) by validation, after the cheaper rules
+        values = spec.hf_function_values(json.loads(storage.read_text(config_json)))
     except Exception:   # noqa: BLE001 - validate_initial_load reports it
         return
     for hf_key, ours, theirs in values:
