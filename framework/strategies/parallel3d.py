@@ -5,9 +5,6 @@ tensor parallel -> activation checkpointing -> FSDP2 over the data-parallel dims
 created on the meta device; each rank then materializes only its own stages' shards, computed
 from the same per-parameter seeds as a single-process run.
 
-if TYPE_CHECKING:
-    from framework.config.schema import Config
-
 Batches (parallel/batch_layout.py): each data-parallel rank (every tp rank of it sees the same batch)
 takes global_batch_size / dp sequences per step, as micro-batches of trainer.micro_batch_size, or with
 pipelining as parallel.pp_microbatches pipeline micro-batches. zero: stage3 = FSDP2 resharding after forward, stage2 = not, none = every
@@ -40,6 +37,7 @@ from framework.strategies.traits import AutoLayout
 from framework.strategies.fsdp import FSDPOptions, FSDPTraits, UnitSharded, UnitShardedStep
 
 if TYPE_CHECKING:
+    from framework.config.schema import Config
     from framework.parallel.parallelize import ShardingPlan
 
 

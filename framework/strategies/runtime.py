@@ -21,8 +21,6 @@ from framework.strategies.traits import StrategyTraits
 
 if TYPE_CHECKING:
     from framework.config.schema import Config
-
-if TYPE_CHECKING:
     from framework.models.factory import ModelFactory
 
 
