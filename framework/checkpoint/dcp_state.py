@@ -87,9 +87,7 @@ def load(path: str, model, optimizer, scheduler, precision) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=OPTIONS)
     extra = json.loads(storage.read_text(storage.join(path, EXTRA)))
+    # After the optimizer's: the schedule decides the learning rate, set on the scheduler's own optimizer
+    # (under ZeRO-1 that is not the one whose state was loaded: it steps an inner one).
     scheduler.load_state_dict(extra["scheduler"])
-    # The schedule decides the learning rate. Setting it on the scheduler's own optimizer matters where
-    # that is not the one whose state was loaded (ZeRO-1 steps an inner optimizer under an outer one).
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
-        group["lr"] = lr
     precision.load_state_dict(extra["precision"])

@@ -23,7 +23,7 @@ from framework.checkpoint.retention import SCORE_MODES
 from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.models.lora import BASE_DTYPES
-from framework.optim.schedulers import SCHEDULES
+from framework.optim.schedulers import DECAYS, SCHEDULES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from framework.parallel.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
 from framework.runtime.engines import ENGINES
@@ -131,7 +131,14 @@ class SGDConfig(OptimizerConfig):
 class SchedulerConfig:
     name: OneOf[SCHEDULES] = MISSING        # the schedule; set by the group option (scheduler=<name>)
     warmup_steps: int = 0                   # linear warm-up from 0 to optimizer.lr over these steps
-    min_lr_ratio: float = 0.1   # cosine decays to lr * min_lr_ratio at max_steps
+    min_lr_ratio: float = 0.1   # the decay ends at lr * min_lr_ratio at max_steps (cosine, linear, wsd)
+
+
+@dataclass
+class WSDConfig(SchedulerConfig):
+    # the decay's share of trainer.max_steps: it starts at max_steps * (1 - decay_fraction), after the stable phase
+    decay_fraction: float = 0.2
+    decay_type: OneOf[tuple(DECAYS)] = "linear"    # the decay's shape: linear | sqrt | cosine
 
 
 @dataclass
