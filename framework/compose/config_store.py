@@ -27,6 +27,7 @@ def register_configs() -> None:
         cs.store(group="schema/model", name=name, node=spec_named(name).config_schema())
     cs.store(group="schema/optimizer", name="adamw", node=schema.AdamWConfig)
     cs.store(group="schema/optimizer", name="sgd", node=schema.SGDConfig)
+    cs.store(group="schema/optimizer", name="muon", node=schema.MuonConfig)
     cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)
     cs.store(group="schema/scheduler", name="wsd", node=schema.WSDConfig)
     cs.store(group="schema/data", name="data", node=schema.DataConfig)

@@ -23,6 +23,7 @@ from framework.checkpoint.retention import SCORE_MODES
 from framework.data.chat import TEMPLATES, TRAIN_ON
 from framework.data.sources import SOURCES, TOKEN_DTYPES
 from framework.models.lora import BASE_DTYPES
+from framework.optim.names import ALGORITHMS, MUON_MODES
 from framework.optim.schedulers import DECAYS, SCHEDULES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
 from framework.parallel.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
@@ -103,10 +104,20 @@ class ActivationCheckpointingConfig:
 
 
 @dataclass
+class ParamGroupConfig:
+    pattern: str = MISSING      # a Python regex searched in each parameter's name (the model's, without wrappers)
+    lr_scale: float = 1.0                   # the group's lr = the optimizer's lr x lr_scale (scheduled alike)
+    weight_decay: Optional[float] = None    # null: the default (optimizer.weight_decay on matrices, 0 on the rest)
+    algorithm: Optional[OneOf[ALGORITHMS]] = None  # optimizer=muon: muon | adamw; null: by shape (muon: hidden 2-D)
+
+
+@dataclass
 class OptimizerConfig:
     _target_: str = MISSING                 # the torch.optim class (any class path works)
     lr: float = MISSING                     # peak learning rate (the scheduler's warm-up and decay scale it)
     weight_decay: float = 0.0               # decoupled weight decay (AdamW) or L2 penalty (SGD)
+    # parameter groups by name, first match wins: [{pattern: 'output', lr_scale: 0.5, weight_decay: 0.0}]
+    groups: list[ParamGroupConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -125,6 +136,23 @@ class SGDConfig(OptimizerConfig):
     lr: float = 0.1
     momentum: float = 0.9                   # momentum factor
     nesterov: bool = False                  # Nesterov momentum
+
+
+@dataclass
+class MuonConfig(OptimizerConfig):
+    _target_: str = "framework.optim.muon.MuonWithAdamW"
+    lr: float = 0.02                        # Muon's lr, for the hidden matrices
+    weight_decay: float = 0.1               # decoupled, on every matrix (Muon's and AdamW's)
+    momentum: float = 0.95                  # Muon's momentum (an EMA of the gradients, as torch.optim.Muon's)
+    nesterov: bool = True                   # Muon's update from the Nesterov look-ahead of the momentum
+    ns_steps: int = 5                       # Newton-Schulz iterations of the orthogonalisation
+    # original: lr x sqrt(max(1, rows/cols)); match_rms_adamw: lr x 0.2 x sqrt(max(rows, cols)) (Moonlight)
+    adjust_lr_fn: Optional[OneOf["original", "match_rms_adamw"]] = None   # null = original
+    adamw_lr: float = 3e-3                  # AdamW's lr, for embeddings, the output head, norms and biases
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])   # AdamW's moment decay rates
+    adamw_eps: float = 1e-8                 # AdamW's eps
+    # gather: every rank orthogonalises each whole matrix; round_robin: each matrix on one rank, scattered back
+    mode: OneOf[MUON_MODES] = "gather"
 
 
 @dataclass

@@ -23,6 +23,8 @@ from framework.data.rules import validate_data_contents, validate_data_files
 from framework.errors import ConfigError, require_positive
 from framework.metrics.rules import validate_logging, validate_profile, validate_sampling
 from framework.models.rules import importable, validate_lora, validate_model
+from framework.models.spec import spec_for
+from framework.optim.rules import validate_optimizer
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.runtime import determinism
 from framework.runtime.devices import check_visible_gpus
@@ -85,7 +87,6 @@ def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = N
         raise ConfigError("device", "device=cuda but no CUDA device is visible; use device=cpu or auto")
     if workers_here(cfg):      # Ray places its workers on the cluster's GPUs, not this host's
         check_visible_gpus(cfg, world_size)
-    importable("optimizer._target_", cfg.optimizer._target_)
     if cfg.zero.stage not in (0, 1, 2, 3):
         raise ConfigError("zero.stage", f"must be 0-3, got {cfg.zero.stage}")
     check_ac_mode(cfg.activation_checkpointing)
@@ -96,6 +97,8 @@ def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = N
     validate_checkpoint(cfg, strategy_cls, run_dir)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
+    validate_optimizer(cfg, importable("optimizer._target_", cfg.optimizer._target_), strategy_cls,
+                       lambda: spec_for(cfg.model).meta_skeleton(cfg.model))
     validate_lora(cfg)
     strategy_cls.validate(cfg, world_size)
     validate_batch_changes(cfg, strategy_cls, world_size)

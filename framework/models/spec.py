@@ -151,6 +151,10 @@ class ModelSpec:
         own = getattr(model, "block_classes", None)
         return tuple(own()) if callable(own) else ()
 
+    def output_heads(self) -> tuple[str, ...]:
+        """Names of the modules that turn hidden states into logits: optimizer=muon leaves them to AdamW."""
+        return ("lm_head",)
+
     def lora_skip(self) -> tuple[str, ...]:
         """Regular expressions of the block linears LoRA leaves alone (an MoE router)."""
         return ()

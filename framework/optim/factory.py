@@ -1,33 +1,32 @@
-"""The optimizer named by `optimizer._target_`, with weight decay only on matrices."""
+"""The optimizer named by `optimizer._target_`, over the parameter groups of framework/optim/groups.py."""
 from __future__ import annotations
 
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
-
-def _ndim(p) -> int:
-    # A parameter partitioned at construction (DeepSpeed zero.Init) is an empty 1-D placeholder whose
-    # logical shape is ds_shape: its weight decay must follow that shape, not the placeholder's.
-    return len(getattr(p, "ds_shape", p.shape))
+from framework.optim import groups
 
 
 class OptimizerFactory:
-    def __init__(self, opt_cfg):
+    """heads: the model spec's output heads (which Muon leaves to AdamW, with the embeddings)."""
+
+    def __init__(self, opt_cfg, heads: tuple[str, ...] = ()):
         kwargs = OmegaConf.to_container(opt_cfg, resolve=True)
         self.cls = get_class(kwargs.pop("_target_"))
         self.weight_decay = kwargs.pop("weight_decay", 0.0)
-        if "betas" in kwargs:
-            kwargs["betas"] = tuple(kwargs["betas"])
+        self.groups = opt_cfg.get("groups") or ()
+        kwargs.pop("groups", None)
+        self.heads = heads
+        for key in ("betas", "adamw_betas"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
         self.kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        self.split = getattr(self.cls, "ALGORITHMS", None) is not None
 
     def param_groups(self, params) -> list[dict]:
-        params = [p for p in params if p.requires_grad]
-        decay = [p for p in params if _ndim(p) >= 2]
-        no_decay = [p for p in params if _ndim(p) < 2]
-        groups = [{"params": decay, "weight_decay": self.weight_decay}]
-        if no_decay:
-            groups.append({"params": no_decay, "weight_decay": 0.0})
-        return groups
+        """params: the model (names, for optimizer.groups and Muon's split) or an iterable of parameters."""
+        lrs = {None: self.kwargs.get("lr"), "muon": self.kwargs.get("lr"), "adamw": self.kwargs.get("adamw_lr")}
+        return groups.param_groups(params, self.weight_decay, self.groups, self.split, lrs, self.heads)
 
     def __call__(self, params):
         return self.cls(self.param_groups(params), **self.kwargs)

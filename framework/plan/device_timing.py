@@ -119,7 +119,7 @@ def _seconds(cfg: Config, micro_batch: int, seq_len: int, casting: Casting, devi
     convert_float8(model, cfg.precision, spec, fsdp=False)
     compile_blocks(model, cfg, spec)
     dtype = compute_dtype(cfg.precision.name)
-    optimizer = OptimizerFactory(cfg.optimizer)(model.parameters())
+    optimizer = OptimizerFactory(cfg.optimizer, spec.output_heads())(model)
     vocab = int(cfg.model.get("vocab_size") or cfg.data.vocab_size)
     tokens = torch.randint(0, vocab, (micro_batch, seq_len + 1), device=device)
     autocasts = casting.autocast and cfg.precision.name in ("bf16", "fp16", "float8")

@@ -108,12 +108,12 @@ class DDPStrategy(DDPTraits, TorchStrategy):
             ddp.register_comm_hook(state=None, hook=getattr(default_hooks, hook))
         return ddp
 
-    def make_optimizer(self, params, build_optimizer):
+    def make_optimizer(self, model, build_optimizer):
         if self.cfg.zero.stage == 1:
             from torch.distributed.optim import ZeroRedundancyOptimizer
-            return ZeroRedundancyOptimizer(build_optimizer.param_groups(params),
+            return ZeroRedundancyOptimizer(build_optimizer.param_groups(model),
                                            optimizer_class=build_optimizer.cls, **build_optimizer.kwargs)
-        return build_optimizer(params)
+        return build_optimizer(model)
 
     def accumulation_context(self, is_last: bool):
         return super().accumulation_context(is_last) if is_last else self.model.no_sync()

@@ -135,5 +135,5 @@ class FSDPStrategy(FSDPTraits, UnitShardedStep, TorchStrategy):
                                 mp_policy=mixed_precision_policy(cfg.precision), offload=cfg.zero.offload_params,
                                 wrap_classes=cfg.parallel.wrap_classes)
         self.model, = parallelize(model_factory, self.mesh, cfg, self.device, sharding)
-        self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
+        self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)

@@ -280,7 +280,7 @@ class Parallel3DStrategy(Parallel3DTraits, UnitShardedStep, TorchStrategy):
         self.schedule = self._forward_schedule = None
         if self.dims.pp > 1:
             self._build_schedule(self.batch_layout(cfg, self.world_size).pipeline_microbatches)
-        self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
+        self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 
     def _new_schedule(self):

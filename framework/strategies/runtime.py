@@ -7,7 +7,7 @@ from __future__ import annotations
 import abc
 import gc
 import os
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -66,9 +66,9 @@ class Strategy(StrategyTraits, abc.ABC):
 
     @abc.abstractmethod
     def setup(self, build_model: "ModelFactory",
-              build_optimizer: Callable[[Iterable], torch.optim.Optimizer],
+              build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
               build_scheduler: Callable[[torch.optim.Optimizer], object]) -> None:
-        """Build the model (build_model()), its optimizer and LR schedule, wrapped as this strategy runs them."""
+        """Build the model (build_model()), its optimizer (build_optimizer(model)) and LR schedule, wrapped as this strategy runs them."""
 
     @abc.abstractmethod
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:

@@ -42,8 +42,8 @@ class TorchStrategy(TorchTraits, Strategy):
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
-    def make_optimizer(self, params, build_optimizer):
-        return build_optimizer(params)
+    def make_optimizer(self, model, build_optimizer):
+        return build_optimizer(model)
 
     def accumulation_context(self, is_last: bool):
         """Skip gradient synchronisation on all but the last micro-batch where the wrapper allows it."""
@@ -59,7 +59,7 @@ class TorchStrategy(TorchTraits, Strategy):
         model = model_factory().to(self.device)
         convert_float8(model, self.cfg.precision, model_factory.spec, fsdp=False)
         self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
-        self.optimizer = self.make_optimizer(self.model.parameters(), build_optimizer)
+        self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
 
     def step_metrics(self) -> dict:

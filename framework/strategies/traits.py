@@ -52,6 +52,8 @@ class StrategyTraits:
     worker_modules: tuple[str, ...] = ()
     #: lora.base_dtype values whose frozen weights it can hold (empty: it trains no adapters, lora.enabled refused)
     adapter_base_dtypes: tuple[str, ...] = ()
+    #: its optimizer steps flattened partitions of many parameters (ZeRO), not the parameters' own tensors
+    flat_optimizer_partitions = False
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many

@@ -69,7 +69,7 @@ class Trainer:
         cfg, s, t = self.cfg, self.strategy, self.cfg.trainer
         started = time.perf_counter()
         model_factory = ModelFactory(cfg)
-        s.setup(model_factory, OptimizerFactory(cfg.optimizer),
+        s.setup(model_factory, OptimizerFactory(cfg.optimizer, model_factory.spec.output_heads()),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)

@@ -46,6 +46,9 @@ class LlamaSpec(NativeDecoderSpec):
     def model_class(self) -> type:
         return Llama
 
+    def output_heads(self) -> tuple[str, ...]:
+        return ("output",)
+
     def tied_parameters(self, model_cfg):
         return (("tok_embeddings.weight", "output.weight"),) if self.args(model_cfg).tie_embeddings else ()
 

@@ -49,6 +49,7 @@ class DeepSpeedTraits(StrategyTraits):
     deterministic_refusal = ("runs DeepSpeed's own kernels, which torch's deterministic switch does not cover; "
                              "use parallel=fsdp (zero=stage1-3 shard the same way) or trainer.deterministic=false")
     options = DeepSpeedOptions
+    flat_optimizer_partitions = True
     default_workers = OPEN_CPU_WORKERS
     zero_support = {0: None, 1: None, 2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
@@ -158,7 +159,7 @@ class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
             dsc.write(self.ds_config, self.run_dir)
 
         def engine(model):
-            groups = build_optimizer.param_groups(model.parameters())
+            groups = build_optimizer.param_groups(model)
             optimizer = None if "optimizer" in self.ds_config else build_optimizer.cls(groups, **build_optimizer.kwargs)
             return deepspeed.initialize(
                 model=model, optimizer=optimizer, model_parameters=groups if optimizer is None else None,

@@ -1,0 +1,40 @@
+"""What the optimizer and the schedule refuse at admission: one `error:` line naming the key, before any work."""
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.servers import refused
+
+TINY = ["model=tiny", "data.seq_len=32", "device=cpu"]
+
+CASES = {
+    "muon under deepspeed": (
+        ["parallel=deepspeed", "zero=stage2", "optimizer=muon"],
+        "error: optimizer: framework.optim.muon.MuonWithAdamW is refused under parallel=deepspeed: Muon "
+        "orthogonalises whole matrices"),
+    "a pattern that matches nothing": (
+        ["+optimizer.groups=[{pattern: 'lm_head'}]"],
+        "error: optimizer.groups[0].pattern: 'lm_head' matches no parameter of the model (names such as "
+        "tok_embeddings.weight"),
+    "a pattern that is no regex": (
+        ["+optimizer.groups=[{pattern: 'out(put'}]"], "error: optimizer.groups[0].pattern: 'out(put' is not a "
+                                                      "regular expression"),
+    "an algorithm for adamw": (
+        ["+optimizer.groups=[{pattern: 'output',algorithm: muon}]"],
+        "error: optimizer.groups[0].algorithm: chooses between Muon's and AdamW's update: only optimizer=muon"),
+    "muon on a vector": (
+        ["optimizer=muon", "+optimizer.groups=[{pattern: 'norm',algorithm: muon}]"],
+        "error: optimizer.groups[0].algorithm: muon steps 2-D matrices only; layers.0.attention_norm.weight"),
+    "a zero lr scale": (
+        ["+optimizer.groups=[{pattern: 'output',lr_scale: 0}]"], "error: optimizer.groups[0].lr_scale: must be "
+                                                                 "positive, got 0"),
+    "a decay past the run": (
+        ["scheduler=wsd", "scheduler.decay_fraction=1.5"], "error: scheduler.decay_fraction: must be in [0, 1]"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_refused_in_one_line(compose_config, tmp_path, case):
+    overrides, line = CASES[case]
+    errors = refused(compose_config([*TINY, *overrides]), tmp_path / "run")
+    assert len(errors) == 1 and errors[0].startswith(line), errors
