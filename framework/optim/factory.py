@@ -23,10 +23,14 @@ class OptimizerFactory:
         self.kwargs = {k: v for k, v in kwargs.items() if v is not None}
         self.split = getattr(self.cls, "ALGORITHMS", None) is not None
 
-    def param_groups(self, params) -> list[dict]:
-        """params: the model (names, for optimizer.groups and Muon's split) or an iterable of parameters."""
+    def named_groups(self, params) -> list[tuple[dict, list]]:
+        """(settings, (name, parameter)s) of each group; params: the model (names, for optimizer.groups and Muon's
+        split) or an iterable of parameters."""
         lrs = {None: self.kwargs.get("lr"), "muon": self.kwargs.get("lr"), "adamw": self.kwargs.get("adamw_lr")}
-        return groups.param_groups(params, self.weight_decay, self.groups, self.split, lrs, self.heads)
+        return groups.named_groups(params, self.weight_decay, self.groups, self.split, lrs, self.heads)
+
+    def param_groups(self, params) -> list[dict]:
+        return [{"params": [p for _, p in members], **settings} for settings, members in self.named_groups(params)]
 
     def __call__(self, params):
         return self.cls(self.param_groups(params), **self.kwargs)

@@ -40,25 +40,25 @@ def named_trainable(params) -> list[tuple[str, nn.Parameter]]:
     return [(canonical(str(n)), p) for n, p in named if p.requires_grad]
 
 
-def param_groups(params, weight_decay: float, groups_cfg, split_algorithms: bool, lrs: dict[str, float],
-                 heads: tuple[str, ...] = ()) -> list[dict]:
-    """One group per (pattern, algorithm, decays) in the order first met; without patterns: the matrices, then the
-    rest. split_algorithms: tag each group algorithm=muon (hidden matrices) or adamw (the rest, or as a pattern
-    says); a pattern's lr_scale multiplies its algorithm's lr in `lrs` (the optimizer's lr under key None)."""
+def named_groups(params, weight_decay: float, groups_cfg, split_algorithms: bool, lrs: dict[str, float],
+                 heads: tuple[str, ...] = ()) -> list[tuple[dict, list[tuple[str, nn.Parameter]]]]:
+    """(the group's settings, its (name, parameter)s): one group per (pattern, algorithm, decays) in the order first
+    met, the matrices first; without patterns: the matrices, then the rest. split_algorithms: tag each group
+    algorithm=muon (hidden matrices) or adamw (the rest, or as a pattern says); a pattern's lr_scale multiplies its
+    algorithm's lr in `lrs` (the optimizer's lr under key None)."""
     named = named_trainable(params)
     patterns = [(i, re.compile(g.pattern), g) for i, g in enumerate(groups_cfg or ())]
     others = not_hidden_matrices(params, heads) if split_algorithms and isinstance(params, nn.Module) else set()
-    built: dict[tuple, dict] = {}
+    built: dict[tuple, tuple[dict, list]] = {}
     for name, p in named:
-        hit = next(((i, g) for i, rx, g in patterns if rx.search(name)), (None, None))
-        index, rule = hit
+        index, rule = next(((i, g) for i, rx, g in patterns if rx.search(name)), (None, None))
         matrix = ndim(p) >= 2
         decay = weight_decay if matrix else 0.0
         if rule is not None and rule.weight_decay is not None:
             decay = rule.weight_decay
         algorithm = None
         if split_algorithms:
-            algorithm = ("muon" if matrix and ndim(p) == 2 and name not in others else "adamw")
+            algorithm = "muon" if ndim(p) == 2 and name not in others else "adamw"
             if rule is not None and rule.algorithm is not None:
                 algorithm = rule.algorithm
                 if algorithm == "muon" and ndim(p) != 2:
@@ -66,11 +66,13 @@ def param_groups(params, weight_decay: float, groups_cfg, split_algorithms: bool
                                       f"muon steps 2-D matrices only; {name} has shape {tuple(p.shape)}")
         key = (index, algorithm, decay, matrix)
         if key not in built:
-            built[key] = {"params": [], "weight_decay": decay}
+            settings = {"weight_decay": decay}
             if algorithm is not None:
-                built[key]["algorithm"] = algorithm
+                settings["algorithm"] = algorithm
             if rule is not None and rule.lr_scale != 1.0:
-                built[key]["lr"] = lrs[algorithm] * rule.lr_scale
-        built[key]["params"].append(p)
+                settings["lr"] = lrs[algorithm] * rule.lr_scale
+            built[key] = (settings, [])
+        built[key][1].append((name, p))
     # the matrices first, as the optimizer has always had them (a checkpoint's group order)
     return [built[key] for key in sorted(built, key=lambda key: not key[3])]
+

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from framework.plan.layout import Layout
-from framework.plan.shapes import ParamShape
+from framework.plan.shapes import ParamShape, meta_model
 
 if TYPE_CHECKING:
     from framework.config.schema import Config
@@ -35,14 +35,16 @@ class ModelStates:
 
 @dataclass(frozen=True)
 class OptimizerKind:
-    """Per-element fp32 state tensors and per-tensor scalars of the optimizer."""
+    """Per-element fp32 state tensors and per-tensor scalars of the optimizer (of one algorithm of it)."""
     moments: int
     scalars: int
 
     @classmethod
-    def of(cls, opt_cfg) -> "OptimizerKind":
+    def of(cls, opt_cfg, algorithm: str | None = None) -> "OptimizerKind":
         target = opt_cfg._target_.rsplit(".", 1)[-1].lower()
-        if target in ("adamw", "adam", "fusedadam", "deepspeedcpuadam"):
+        if algorithm == "muon" or target == "muon":
+            return cls(moments=1, scalars=0)        # torch.optim.Muon's momentum_buffer, no step
+        if target in ("adamw", "adam", "fusedadam", "deepspeedcpuadam", "muonwithadamw"):
             return cls(moments=2, scalars=1)
         if target == "sgd":
             return cls(moments=1 if opt_cfg.get("momentum", 0) else 0, scalars=0)
@@ -53,9 +55,26 @@ class OptimizerKind:
 
 
 def decay_groups(shapes: list[ParamShape]) -> list[list[ParamShape]]:
-    """The optimizer's parameter groups (framework.optim.factory): matrices decay, the rest not."""
+    """Matrices, then the rest: the optimizer's groups without optimizer.groups (DeepSpeed's flat partitions)."""
     groups = [[s for s in shapes if len(s.full) >= 2], [s for s in shapes if len(s.full) < 2]]
     return [g for g in groups if g]
+
+
+def optimizer_groups(cfg: Config, shapes: list[ParamShape]) -> list[tuple[OptimizerKind, list[ParamShape]]]:
+    """This rank's trainable shapes in the optimizer's parameter groups, as the job's OptimizerFactory builds them
+    from the model (optimizer.groups, Muon's split), each with the states its algorithm keeps."""
+    from framework.models.spec import spec_for
+    from framework.optim.factory import OptimizerFactory
+    factory = OptimizerFactory(cfg.optimizer, spec_for(cfg.model).output_heads())
+    by_name = {s.name: s for s in shapes if s.trainable}
+    out, placed = [], set()
+    for settings, members in factory.named_groups(meta_model(cfg)):
+        mine = [by_name[name] for name, _ in members if name in by_name]
+        placed.update(s.name for s in mine)
+        if mine:
+            out.append((OptimizerKind.of(cfg.optimizer, settings.get("algorithm")), mine))
+    rest = [s for name, s in by_name.items() if name not in placed]     # a stage's own copy of a tied weight
+    return out + [(OptimizerKind.of(cfg.optimizer, "adamw" if factory.split else None), g) for g in decay_groups(rest)]
 
 
 def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -> list[ParamShape]:
@@ -72,18 +91,21 @@ def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -
     return mine
 
 
-def torch_model_states(shapes: list[ParamShape], layout: Layout, optimizer: OptimizerKind) -> ModelStates:
+def torch_model_states(shapes: list[ParamShape], layout: Layout,
+                       groups: list[tuple[OptimizerKind, list[ParamShape]]]) -> ModelStates:
     """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): fp32
     parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them; a LoRA base as
     lora.base_dtype stores it), gradients of the same local shape for what trains."""
     param_bytes = round(sum(s.numel * s.itemsize for s in shapes))
-    stepped = trainable = [s for s in shapes if s.trainable]
+    trainable = [s for s in shapes if s.trainable]
+    kind = {s.name: k for k, group in groups for s in group}
+    stepped = [s for _, group in groups for s in group]
     if layout.sharding == "replicate" and "optimizer" in layout.shards:
-        stepped = zero1_partition(decay_groups(trainable), layout.world)
-    opt = sum(optimizer.bytes_for(s.numel) for s in stepped)
+        stepped = zero1_partition([group for _, group in groups], layout.world)
+    opt = sum(kind[s.name].bytes_for(s.numel) for s in stepped)
     offloaded = (param_bytes * 2 + opt) if layout.offload_params else 0
     grads = sum(s.grad_numel for s in trainable) * FP32
-    scratch = sum(s.numel for s in stepped) * FP32 if optimizer.moments == 2 else 0
+    scratch = sum(s.numel for s in stepped if kind[s.name].moments == 2) * FP32
     return ModelStates(params=param_bytes, grads=grads, optimizer=opt, master=0, offloaded=offloaded,
                        step_scratch=scratch)
 
@@ -130,8 +152,7 @@ def deepspeed_model_states(shapes: list[ParamShape], layout: Layout, optimizer: 
 
 def model_states(cfg: Config, layout: Layout, shapes: list[ParamShape]) -> ModelStates:
     """The model states of the rank holding `shapes` (the first rank of its tp and data-parallel groups)."""
-    optimizer = OptimizerKind.of(cfg.optimizer)
     if layout.sharding == "flat":
         threshold = layout.traits.flat_sizes(cfg)["persistence_threshold"]
-        return deepspeed_model_states(shapes, layout, optimizer, threshold)
-    return torch_model_states(shapes, layout, optimizer)
+        return deepspeed_model_states(shapes, layout, OptimizerKind.of(cfg.optimizer), threshold)
+    return torch_model_states(shapes, layout, optimizer_groups(cfg, shapes))

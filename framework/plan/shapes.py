@@ -77,7 +77,7 @@ def _model_key(cfg: Config) -> str:
     return config_key(cfg.model) + (config_key(lora_cfg) if lora_cfg is not None and lora_cfg.enabled else "")
 
 
-def _meta_model(cfg: Config) -> nn.Module:
+def meta_model(cfg: Config) -> nn.Module:
     """The job's model on the meta device, with its adapters (lora.enabled: only they train)."""
     key = _model_key(cfg)
     if key not in _META:
@@ -112,7 +112,7 @@ _STAGES: dict[tuple, nn.Module] = {}
 def stage_modules(cfg: Config, layout: Layout, pp_rank: int) -> list[nn.Module]:
     """The modules rank `pp_rank` of the pipeline holds, on the meta device (each stage split once: a split
     copies the model)."""
-    model = _meta_model(cfg)
+    model = meta_model(cfg)
     if layout.pp == 1:
         return [model]
     stages = layout.pp * layout.virtual_stages

@@ -32,21 +32,26 @@ def train(model, optimizers, steps=4, vocab=256):
     return losses
 
 
+def reference_optimizers(model, o):
+    """torch.optim.Muon on the blocks' matrices, torch.optim.AdamW on the rest, chosen here by name."""
+    named = dict(model.named_parameters())
+    hidden = [p for n, p in named.items() if n.startswith("layers.") and p.ndim == 2]
+    head_embed = [named["tok_embeddings.weight"], named["output.weight"]]
+    rest = [p for n, p in named.items() if p.ndim == 1]
+    assert len(hidden) + len(head_embed) + len(rest) == len(named) and len(hidden) == 2 * 7
+    return [torch.optim.Muon(hidden, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                             nesterov=o.nesterov, ns_steps=o.ns_steps),
+            torch.optim.AdamW([{"params": head_embed, "weight_decay": o.weight_decay},
+                               {"params": rest, "weight_decay": 0.0}],
+                              lr=o.adamw_lr, betas=tuple(o.adamw_betas), eps=o.adamw_eps)]
+
+
 def test_muon_equals_torch_muon_and_adamw(compose_config):
     torch.set_num_threads(1)        # the same bf16 matmul blocking on both sides
     cfg, model, build = model_and_factory(compose_config, "optimizer=muon")
     _, ref_model, _ = model_and_factory(compose_config, "optimizer=muon")
     named = dict(ref_model.named_parameters())
-    hidden = [p for n, p in named.items() if n.startswith("layers.") and p.ndim == 2]
-    head_embed = [named["tok_embeddings.weight"], named["output.weight"]]
-    rest = [p for n, p in named.items() if p.ndim == 1]
-    assert len(hidden) + len(head_embed) + len(rest) == len(named) and len(hidden) == 2 * 7
-    o = cfg.optimizer
-    reference = [torch.optim.Muon(hidden, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
-                                  nesterov=o.nesterov, ns_steps=o.ns_steps),
-                 torch.optim.AdamW([{"params": head_embed, "weight_decay": o.weight_decay},
-                                    {"params": rest, "weight_decay": 0.0}],
-                                   lr=o.adamw_lr, betas=tuple(o.adamw_betas), eps=o.adamw_eps)]
+    reference = reference_optimizers(ref_model, cfg.optimizer)
     optimizer = build(model)
     assert train(model, [optimizer]) == train(ref_model, reference)
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):

@@ -18,7 +18,7 @@ from framework.plan.auto import candidates, rank_layouts
 from framework.plan.check import _variants
 from framework.plan.hardware import device_named
 from framework.plan.planner import make_plan
-from framework.plan.shapes import _meta_model
+from framework.plan.shapes import meta_model
 from framework.strategies import registry
 from framework.strategies.torch_strategy import TorchTraits
 from framework.strategies.traits import ZERO_SHARDS, AutoLayout
@@ -170,7 +170,7 @@ def test_units_kept_gathered_from_forward_to_backward_are_planned_whole_at_once(
     world, device = 4, device_named("h100")
     stage2, stage3 = (make_plan(_config("parallel=fsdp", f"zero=stage{z}", "model.n_layers=8"), world, device, world)
                       for z in (2, 3))
-    whole = sum(p.numel() for p in _meta_model(_config("model.n_layers=8")).parameters()) * 4   # fp32 gathers
+    whole = sum(p.numel() for p in meta_model(_config("model.n_layers=8")).parameters()) * 4   # fp32 gathers
     assert stage2.per_rank_bytes["buffers"] - stage3.per_rank_bytes["buffers"] > 0.5 * whole
     assert stage2.per_rank_bytes["total"] > stage3.per_rank_bytes["total"]
 
