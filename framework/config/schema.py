@@ -131,6 +131,17 @@ class AdamWConfig(OptimizerConfig):
 
 
 @dataclass
+class LowBitAdamWConfig(OptimizerConfig):
+    _target_: str = "torchao.optim.AdamW8bit"   # torchao.optim.AdamW8bit | AdamW4bit (optimizer=adamw_8bit | 4bit)
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam's moment decay rates
+    eps: float = 1e-8                       # added to the denominator for numerical stability
+    # values per scale of the quantised states; a tensor under 4096 values (or not a multiple) keeps fp32 states
+    block_size: int = 256
+
+
+@dataclass
 class SGDConfig(OptimizerConfig):
     _target_: str = "torch.optim.SGD"
     lr: float = 0.1

@@ -24,7 +24,7 @@ from framework.errors import ConfigError, require_positive
 from framework.metrics.rules import validate_logging, validate_profile, validate_sampling
 from framework.models.rules import importable, validate_lora, validate_model
 from framework.models.spec import spec_for
-from framework.optim.rules import validate_optimizer
+from framework.optim.rules import validate_optimizer, validate_optimizer_extra
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.runtime import determinism
 from framework.runtime.devices import check_visible_gpus
@@ -97,6 +97,7 @@ def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = N
     validate_checkpoint(cfg, strategy_cls, run_dir)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)
+    validate_optimizer_extra(cfg)
     validate_optimizer(cfg, importable("optimizer._target_", cfg.optimizer._target_), strategy_cls,
                        lambda: spec_for(cfg.model).meta_skeleton(cfg.model))
     validate_lora(cfg)

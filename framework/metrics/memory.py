@@ -7,9 +7,13 @@ import torch
 
 
 def local_bytes(t: torch.Tensor) -> int:
-    """Bytes this rank stores for a tensor: the local shard of a DTensor, else the tensor itself."""
+    """Bytes this rank stores for a tensor: the local shard of a DTensor; the tensors a wrapper subclass holds
+    (torchao's quantised optimizer states: codes and scales); else the tensor itself."""
     if hasattr(t, "to_local"):
         t = t.to_local()
+    if type(t) is not torch.Tensor and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(local_bytes(getattr(t, name)) for name in names)
     return t.numel() * t.element_size()
 
 

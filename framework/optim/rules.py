@@ -1,6 +1,7 @@
 """The optimizer's and the schedule's config rules (run at admission, before any worker)."""
 from __future__ import annotations
 
+import importlib.util
 import re
 
 from framework.errors import ConfigError
@@ -15,6 +16,13 @@ def steps_whole_tensors(cls) -> str | None:
     if cls.__module__.startswith("torchao."):
         return "torchao's low-bit states are per parameter tensor (its blocks and its 4096-element threshold)"
     return None
+
+
+def validate_optimizer_extra(cfg) -> None:
+    """An optimizer of an extra that is not installed: the install line, before the generic import error."""
+    if cfg.optimizer._target_.startswith("torchao.") and importlib.util.find_spec("torchao") is None:
+        raise ConfigError("optimizer._target_", f"{cfg.optimizer._target_} needs torchao: "
+                                                f"pip install 'framework[lowbit]'")
 
 
 def validate_optimizer(cfg, cls, strategy_cls, skeleton) -> None:

@@ -33,17 +33,29 @@ class ModelStates:
         return self.params + self.grads + self.optimizer + self.master
 
 
+# torchao's low-bit AdamW: bits a value, and the bytes of the quantisation map each quantised state holds
+LOW_BIT = {"adamw8bit": (8, 256 * FP32), "adamw4bit": (4, 16 * FP32)}
+LOW_BIT_MIN_NUMEL = 4096    # torchao quantises a (local) tensor of at least this many values, a multiple of the block
+
+
 @dataclass(frozen=True)
 class OptimizerKind:
-    """Per-element fp32 state tensors and per-tensor scalars of the optimizer (of one algorithm of it)."""
+    """Per-element state tensors and per-tensor scalars of the optimizer (of one algorithm of it): fp32, or
+    quantised to `bits` a value with an fp32 scale a block (torchao), where a tensor is large enough."""
     moments: int
     scalars: int
+    bits: int = 32
+    block: int = 1
+    qmap_bytes: int = 0
 
     @classmethod
     def of(cls, opt_cfg, algorithm: str | None = None) -> "OptimizerKind":
         target = opt_cfg._target_.rsplit(".", 1)[-1].lower()
         if algorithm == "muon" or target == "muon":
             return cls(moments=1, scalars=0)        # torch.optim.Muon's momentum_buffer, no step
+        if target in LOW_BIT:
+            bits, qmap = LOW_BIT[target]
+            return cls(moments=2, scalars=1, bits=bits, block=opt_cfg.block_size, qmap_bytes=qmap)
         if target in ("adamw", "adam", "fusedadam", "deepspeedcpuadam", "muonwithadamw"):
             return cls(moments=2, scalars=1)
         if target == "sgd":
@@ -51,7 +63,11 @@ class OptimizerKind:
         return cls(moments=2, scalars=1)     # an optimizer we do not know: assume Adam-like
 
     def bytes_for(self, numel: int) -> int:
-        return self.moments * numel * FP32 + (self.scalars * STEP_BYTES if numel else 0)
+        scalars = self.scalars * STEP_BYTES if numel else 0
+        if self.bits < 32 and numel >= LOW_BIT_MIN_NUMEL and numel % self.block == 0:
+            per_state = numel * self.bits // 8 + numel // self.block * FP32 + self.qmap_bytes
+            return self.moments * per_state + scalars
+        return self.moments * numel * FP32 + scalars
 
 
 def decay_groups(shapes: list[ParamShape]) -> list[list[ParamShape]]:

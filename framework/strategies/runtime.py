@@ -157,7 +157,7 @@ class Strategy(StrategyTraits, abc.ABC):
         return {}
 
     def current_lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        return float(self.optimizer.param_groups[0]["lr"])     # torchao's optimizers keep it as a tensor
 
     def unwrapped_model(self) -> nn.Module:
         return self.model
