@@ -38,3 +38,12 @@ def test_refused_in_one_line(compose_config, tmp_path, case):
     overrides, line = CASES[case]
     errors = refused(compose_config([*TINY, *overrides]), tmp_path / "run")
     assert len(errors) == 1 and errors[0].startswith(line), errors
+
+
+def test_a_low_bit_optimizer_without_torchao_names_the_extra(compose_config, tmp_path, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else find_spec(name, *a))
+    errors = refused(compose_config([*TINY, "optimizer=adamw_8bit"]), tmp_path / "run")
+    assert errors == ["error: optimizer._target_: torchao.optim.AdamW8bit needs torchao: "
+                      "pip install 'framework[lowbit]'"], errors
