@@ -140,7 +140,8 @@ def test_compose_errors_exit_2_without_traceback(tmp_path, args, expected):
 
 
 # recipe -> the world size it is written for (torchrun's WORLD_SIZE on GPU nodes)
-RECIPES = {"cpu_small_ddp": None, "llama_125m": None, "llama3_8b": 8, "llama3_70b": 32, "llama3_405b": 224}
+RECIPES = {"cpu_small_ddp": None, "llama_125m": None, "llama_125m_muon": None, "llama3_8b": 8, "llama3_70b": 32,
+           "llama3_405b": 224}
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -148,7 +149,7 @@ def test_recipes_compose_and_validate_at_their_world_size(composer, monkeypatch,
     overrides = [f"+recipe={recipe}"]
     if recipe != "cpu_small_ddp":   # GPU recipes read a token file; stand in synthetic tokens here
         overrides += ["data=synthetic", "data.num_tokens=2000000", "data.val_fraction=0.5"]
-        if recipe != "llama_125m":
+        if not recipe.startswith("llama_125m"):
             overrides += ["data.vocab_size=128256", "data.seq_len=1024"]
     if RECIPES[recipe]:
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
