@@ -68,7 +68,8 @@ class Strategy(StrategyTraits, abc.ABC):
     def setup(self, build_model: "ModelFactory",
               build_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
               build_scheduler: Callable[[torch.optim.Optimizer], object]) -> None:
-        """Build the model (build_model()), its optimizer (build_optimizer(model)) and LR schedule, wrapped as this strategy runs them."""
+        """Build the model (build_model()), its optimizer (build_optimizer(model): the model, whose names choose
+        the optimizer's groups) and LR schedule, wrapped as this strategy runs them."""
 
     @abc.abstractmethod
     def forward_backward(self, micro_batches, loss_fn) -> torch.Tensor:

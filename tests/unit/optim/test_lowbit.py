@@ -60,8 +60,8 @@ def test_adamw_8bit_equals_torchao_used_directly(optimizer_cfg):
     ref = make_model()
     matrices = [p for p in ref.parameters() if p.ndim == 2]
     biases = [p for p in ref.parameters() if p.ndim == 1]
-    ref_opt = torchao_optim.AdamW8bit([{"params": matrices, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}],
-                                      lr=3e-3, betas=(0.9, 0.95), eps=1e-8, block_size=256)
+    ref_opt = torchao_optim.AdamW8bit([{"params": matrices, "weight_decay": 0.1},
+                                       {"params": biases, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.95), eps=1e-8, block_size=256)
     curve = hand_curve(STEPS, WARMUP, 0.5, "linear", 0.1) + [0.1]    # LambdaLR also asks for the step after
     ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: curve[k])
     assert lrs == train(ref, ref_opt, ref_sched, range(STEPS))

@@ -43,7 +43,8 @@ def test_refused_in_one_line(compose_config, tmp_path, case):
 def test_a_low_bit_optimizer_without_torchao_names_the_extra(compose_config, tmp_path, monkeypatch):
     import importlib.util
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torchao" else find_spec(name, *a))
     errors = refused(compose_config([*TINY, "optimizer=adamw_8bit"]), tmp_path / "run")
     assert errors == ["error: optimizer._target_: torchao.optim.AdamW8bit needs torchao: "
                       "pip install 'framework[lowbit]'"], errors
