@@ -4,7 +4,8 @@ crossed at its smallest member or listed. A new option thus enters the matrix, o
 import dataclasses
 import typing
 
-from framework.config.schema import AdamWConfig, AutoParallelConfig, Config, SGDConfig
+from framework.config.schema import (AdamWConfig, AutoParallelConfig, Config, LowBitAdamWConfig, MuonConfig, SGDConfig,
+                                     WSDConfig)
 from framework.models.spec import SPECS, spec_named
 from framework.strategies.registry import STRATEGIES, strategy_class
 from tests.matrix.crossed import CROSSED, NOT_CROSSED, SMALLEST
@@ -31,8 +32,9 @@ def schema_fields() -> dict:
     for name in STRATEGIES:
         _fields(strategy_class(name).options, "parallel.", found)
     _fields(AutoParallelConfig, "parallel.", found)
-    for schema in (AdamWConfig, SGDConfig):
+    for schema in (AdamWConfig, SGDConfig, MuonConfig, LowBitAdamWConfig):
         _fields(schema, "optimizer.", found)
+    _fields(WSDConfig, "scheduler.", found)
     for name in SPECS:
         schema = spec_named(name).config_schema()
         if schema is not None:
