@@ -18,6 +18,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from framework import generate
+from framework.export import load as load_module
 from framework.config.saved import TRUST_FLAG
 from tests.harness.helpers import FAST, check_ok, run_framework
 
@@ -202,7 +203,7 @@ def test_an_adapter_read_back_gives_the_adapted_models_logits(dora, tmp_path, co
     lora_cfg = OmegaConf.structured(LoraConfig(enabled=True, rank=4, alpha=8.0, dora=dora))
     _write(str(tmp_path / "out"), spec.to_hf(base, model_cfg), spec.hf_config(model_cfg),
            write_extra=lambda folder: write_adapter(folder, spec, model_cfg, adapters, lora_cfg))
-    read_back, _ = generate._from_export(str(tmp_path / "out"), False)
+    read_back, _ = load_module.from_export(str(tmp_path / "out"), False)
     tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(_logits(read_back.eval(), tokens), _logits(model.eval(), tokens), atol=1e-5, rtol=0)
 
