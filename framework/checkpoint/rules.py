@@ -16,6 +16,8 @@ from framework.checkpoint.rng import read_rng
 from framework.checkpoint.signing import KEY_ENV, SigningKeyError, signing_key
 from framework.checkpoint.unpickle import UnsafeCheckpointError
 from framework.errors import ConfigError, require_positive
+from framework.evaluation.rules import every_of
+from framework.evaluation.scores import PREFIX as EVAL_PREFIX
 from framework.models import hf_files
 from framework.models.rules import importable
 from framework.models.spec import spec_for
@@ -113,11 +115,26 @@ def validate_retention(cfg) -> None:
                                                       f"{t.eval_every} steps, but checkpoint.interval={c.interval} "
                                                       f"saves between them; make the interval a multiple of "
                                                       f"{t.eval_every}")
+    elif c.score.startswith(f"{EVAL_PREFIX}/"):
+        validate_task_score(cfg)
     elif c.interval and c.interval % t.log_every:
         raise ConfigError("checkpoint.keep_best", f"ranks by {c.score} from the metrics records, written every "
                                                   f"trainer.log_every={t.log_every} steps, but checkpoint.interval="
                                                   f"{c.interval} saves between them; make the interval a multiple "
                                                   f"of {t.log_every}")
+
+
+def validate_task_score(cfg) -> None:
+    """checkpoint.score=eval/<task>/<metric>: a task of eval.tasks, evaluated at every periodic save."""
+    c, task = cfg.checkpoint, cfg.checkpoint.score.split("/")[1]
+    if task not in cfg.eval.tasks:
+        raise ConfigError("checkpoint.score", f"ranks by {c.score}, but eval.tasks={list(cfg.eval.tasks)} does not "
+                                              f"evaluate {task}; add it: eval.tasks=[{task}]")
+    every = every_of(cfg)
+    if c.interval and c.interval % every:
+        raise ConfigError("checkpoint.keep_best", f"ranks by {c.score}, evaluated every {every} steps (eval.every, "
+                                                  f"else trainer.eval_every), but checkpoint.interval={c.interval} "
+                                                  f"saves between them; make the interval a multiple of {every}")
 
 
 def validate_urls(cfg) -> None:

@@ -288,6 +288,16 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Benchmark scores inside the job (lm-evaluation-harness, the `eval` extra), beside val_loss."""
+    # lm-eval task names: the shipped fw_pyfacts and fw_pytext, those of include_path, else lm-eval's own; empty = off
+    tasks: list[str] = field(default_factory=list)
+    limit: Optional[int] = None             # the first N documents of each task; null = all
+    every: Optional[int] = None             # steps between evaluations (and at the end); null = trainer.eval_every
+    include_path: list[str] = field(default_factory=list)   # folders of your own lm-eval task YAMLs
+
+
+@dataclass
 class RayConfig:
     """launcher.engine=ray: where the Ray cluster is and what each worker asks it for."""
     address: Optional[str] = None           # host:port or ray://host:10001; null = $RAY_ADDRESS, else start a local one
@@ -357,6 +367,7 @@ class Config:
     data: DataConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)

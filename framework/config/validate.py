@@ -21,6 +21,7 @@ from framework.config.explicit import hydra_explicit_keys
 from framework.config.unknown_keys import refuse_unknown_keys
 from framework.data.rules import validate_data_contents, validate_data_files
 from framework.errors import ConfigError, require_positive
+from framework.evaluation.rules import validate_eval
 from framework.metrics.rules import validate_logging, validate_profile, validate_sampling
 from framework.models.rules import importable, validate_lora, validate_model
 from framework.models.spec import spec_for
@@ -94,6 +95,7 @@ def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = N
     validate_sampling(cfg)
     validate_logging(cfg)
     validate_profile(cfg)
+    validate_eval(cfg)
     validate_checkpoint(cfg, strategy_cls, run_dir)
     determinism.validate(cfg, strategy_cls)
     validate_model(cfg)

@@ -4,7 +4,7 @@ An interval runs from the end of the previous record to the end of this one; the
 the logged step has read its loss (which waits for the device), so it holds all that the device did for
 its steps. Its step time is the interval's wall time, less what was set apart (evaluation and samples,
 checkpoint saves, compilation, writing a profiler trace: each reported under its own key), divided by
-its steps. Nothing in between is lost: on a GPU an unlogged step only queues work, and the host waits
+its steps (tasks_time: benchmark scores, eval.tasks). Nothing in between is lost: on a GPU an unlogged step only queues work, and the host waits
 for the device wherever it next reads a value (the preemption vote), outside any one step's code.
 The intervals together cover the whole loop: `totals()` gives the loop's wall time and its parts.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-APART = ("eval_time", "save_time", "compile_time", "profile_time")
+APART = ("eval_time", "tasks_time", "save_time", "compile_time", "profile_time")
 
 
 class LogInterval:

@@ -38,7 +38,9 @@ def training_line(totals: dict) -> str:
     (they part where some intervals are slower: the first steps, profiled steps)."""
     rate = totals["tokens"] / max(totals["train_time"], 1e-9)
     return (f"  {rate:,.0f} tokens/s over all {totals['steps']} steps: {totals['train_time']:.2f} s training in a "
-            f"{totals['loop_time']:.2f} s loop (eval {totals['eval_time']:.2f} s, saves {totals['save_time']:.2f} s, "
+            f"{totals['loop_time']:.2f} s loop (eval {totals['eval_time']:.2f} s, "
+            + (f"benchmarks {totals['tasks_time']:.2f} s, " if totals.get("tasks_time") else "")
+            + f"saves {totals['save_time']:.2f} s, "
             f"compile {totals['compile_time']:.2f} s, profiler {totals['profile_time']:.2f} s)")
 
 

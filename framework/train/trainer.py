@@ -27,6 +27,7 @@ from framework.runtime.preemption import PreemptionWatch
 from framework.runtime.watchdog import StallWatchdog
 from framework.train.nonfinite import NonFiniteLoss
 from framework.train.step_batches import StepBatches
+from framework.train.task_scores import TaskScores
 
 
 class Trainer:
@@ -38,6 +39,7 @@ class Trainer:
         t = cfg.trainer
         self.objective = objective_named()
         self.batches = StepBatches(cfg, strategy, self.objective)
+        self.task_scores = TaskScores(cfg, strategy, self.batches)
         self.train_data, self.val_data = build_samplers(cfg.data, self.batches.sizes, cfg.seed,
                                                         with_val=bool(t.eval_every))
         self.text_sampler = (TextSampler(of_data(cfg.data), t.sample_prompt, t.sample_tokens, cfg.data.seq_len,
@@ -91,7 +93,7 @@ class Trainer:
             last_step = min(t.max_steps, t.stop_at_step or t.max_steps)
             while self.step < last_step:
                 step = self.step + 1
-                is_last, do_eval, do_sample, logs = plan_step(t, step, last_step)
+                is_last, do_eval, do_tasks, do_sample, logs = plan_step(t, step, last_step, self.task_scores.every)
                 with interval.timed_apart("profile_time"):
                     profiler.before_step(step)
                 start = time.perf_counter()
@@ -119,6 +121,8 @@ class Trainer:
                             record["val_loss"] = self.evaluate()
                         if do_sample:
                             record["sample"] = self.sample_text()
+                    if do_tasks:
+                        self.task_scores.add_to(record, interval)
                 saved = finite and checkpoints.should_save(step, is_last)
                 if saved:
                     nonfinite.check()    # never write a non-finite state

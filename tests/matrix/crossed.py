@@ -148,6 +148,11 @@ NOT_CROSSED: dict[str, str] = {
     "trainer.compile_backend": ("trainer.compile's backend: the matrix compiles with aot_eager (tests/matrix/"
                                 "oracle.py CHEAPER), inductor's numerics are held by the compile tests"),
     "trainer.on_nonfinite": "what a NaN or inf loss does: no matrix job meets one",
+    # benchmark scores: forwards in evaluation mode through the strategy, no random state moved (tests/integration/
+    # evaluation/test_in_loop.py holds a job's losses with them to the losses without); every layout is held to
+    # single's scores there
+    **dict.fromkeys(("eval.tasks", "eval.limit", "eval.every"), _RECORDS),
+    "eval.include_path": _PATH,
 }
 
 

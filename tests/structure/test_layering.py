@@ -18,7 +18,7 @@ LEAVES = {"errors", "exit_codes", "redact"}
 FOLDERS = [
     {"storage"},
     {"runtime", "models", "optim"},
-    {"data", "parallel", "objectives"},
+    {"data", "parallel", "objectives", "evaluation"},
     {"checkpoint"},
     {"metrics"},
     {"config"},
@@ -28,7 +28,7 @@ FOLDERS = [
     {"launch", "k8s"},
 ]
 #: the commands: the root's own and every folder's __main__
-FRONT_DOORS = {"__main__", "compare", "generate", "reference", "torchrun",
+FRONT_DOORS = {"__main__", "compare", "eval", "generate", "reference", "torchrun",
                *(f"{p.parent.name}.__main__" for p in PACKAGE.glob("*/__main__.py"))}
 LAYERS = [LEAVES, *FOLDERS, FRONT_DOORS]
 LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
