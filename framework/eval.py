@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:     # the tasks first: the offline variables are set before anything imports `datasets`
         manager, loaded = load_tasks(args.tasks, args.include_path)
     except TaskError as e:
-        return refuse("--tasks", str(e))
+        return refuse(f"--{e.argument.replace('_', '-')}", str(e))
     if gen := generative(loaded):
         return refuse("--tasks", f"{gen[0]} generates text; framework.eval scores log-likelihood tasks "
                                  f"(multiple choice, loglikelihood, loglikelihood_rolling) only")

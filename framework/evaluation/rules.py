@@ -32,7 +32,7 @@ def validate_eval(cfg) -> None:
     try:
         _, loaded = load_tasks(list(e.tasks), list(e.include_path))
     except TaskError as err:
-        raise ConfigError("eval.include_path" if "include path" in str(err) else "eval.tasks", str(err)) from None
+        raise ConfigError(f"eval.{err.argument}", str(err)) from None
     if gen := generative(loaded):
         raise ConfigError("eval.tasks", f"{gen[0]} generates text, which is not evaluated in the loop (only "
                                         f"log-likelihood tasks: multiple choice, loglikelihood, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 
 from framework.errors import installed
 
@@ -21,7 +22,12 @@ _NAME = re.compile(r"^(?:task|group|tag):\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
 
 
 class TaskError(ValueError):
-    """A task that cannot be run: unknown, its data missing, generative where that is not supported."""
+    """A task that cannot be run (unknown, its data missing) or a folder of tasks that is not one; `argument`:
+    which of the two the caller names, "tasks" or "include_path"."""
+
+    def __init__(self, message: str, argument: str = "tasks"):
+        super().__init__(message)
+        self.argument = argument
 
 
 def _yaml_files(folder: str):
@@ -41,12 +47,15 @@ def local_names(include_paths: list[str]) -> set[str]:
 
 
 def go_offline(names: list[str], include_paths: list[str]) -> bool:
-    """Set the offline variables (unless the user set them) where every task is local; True if so. Call before
-    lm_eval is imported."""
+    """Set the offline variables (unless the user set either) where every task is local; True if so."""
     local = set(names) <= local_names(include_paths)
-    if local:
-        for variable in OFFLINE:
-            os.environ.setdefault(variable, "1")
+    if local and not any(v in os.environ for v in OFFLINE):
+        os.environ.update(dict.fromkeys(OFFLINE, "1"))
+        # what read the variables when imported before this (a data source of `datasets`) is told too
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].config.HF_DATASETS_OFFLINE = True
+        if "huggingface_hub" in sys.modules:
+            sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
     return local
 
 
@@ -65,9 +74,11 @@ def load_tasks(names: list[str], include_paths: list[str]):
         raise TaskError(f"needs lm-evaluation-harness, which is not installed: pip install 'framework[{EXTRA}]'")
     for folder in include_paths:
         if not os.path.isdir(folder):
-            raise TaskError(f"include path {folder} is not a folder")
+            raise TaskError(f"{folder} is not a folder", "include_path")
     local = go_offline(names, include_paths)
+    import datasets
     from lm_eval.tasks import TaskManager
+    datasets.disable_progress_bars()
     logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomLoader())
     manager = TaskManager(include_path=[SHIPPED, *include_paths], include_defaults=not local)
     unknown = [n for n in names if n not in manager.all_tasks]
