@@ -47,6 +47,7 @@ RUN_BY = [
 #: page -> the test file that runs every command on it, in page order (its commands build on each other)
 PAGES = {
     "docs/concepts/checkpoints.md": "tests/integration/checkpoint/test_checkpoint_signing.py",
+    "docs/how-to/evaluation.md": "tests/docs/test_docs_evaluation.py",
     "docs/how-to/fine-tuning.md": "tests/docs/test_docs_fine_tuning.py",
     "docs/how-to/moe.md": "tests/docs/test_how_to_moe.py",
     "docs/how-to/object-storage.md": "tests/docs/test_docs_object_storage.py",

@@ -1,0 +1,73 @@
+"""docs/how-to/evaluation.md: every command of its bash blocks runs as written from a directory outside the
+checkout, in README's environment plus the `eval` extra the page installs, in order (training shortened to 4
+steps, evaluations to 4 documents a task); the tables list every task's metrics, the page's own task YAML runs
+from the folder the page names, and the in-loop job records the scores and keeps its checkpoints by one."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+from tests.harness.docs_commands import environment, extras_of, run_by
+from tests.harness.helpers import REPO
+
+PAGE = REPO / "docs" / "how-to" / "evaluation.md"
+SHORTER = {"trainer.max_steps=200": "trainer.max_steps=4", "checkpoint.interval=100": "checkpoint.interval=2",
+           "checkpoint.interval=50": "checkpoint.interval=2", "trainer.eval_every=50": "trainer.eval_every=2",
+           "eval.limit=50": "eval.limit=4", "step_00000100": "step_00000002"}
+METRICS = {"fw_pyfacts": {"acc", "acc_norm"}, "fw_pytext": {"bits_per_byte", "byte_perplexity", "word_perplexity"},
+           "my_facts": {"acc"}}
+
+
+def _shortened(command: str) -> str:
+    for long, short in SHORTER.items():
+        command = command.replace(long, short)
+    command = command.replace("python ", f"{sys.executable} ", 1)
+    if "-m framework.eval " in command:
+        return command + " --limit 4"
+    return command + " trainer.log_every=2 trainer.progress_bar=false"
+
+
+def _own_task(folder) -> None:
+    """The page's YAML in the folder it names, and a few rows in the file it names."""
+    yaml = re.search(r"```yaml\n# (my_tasks/my_facts.yaml)\n(.*?)```", PAGE.read_text(), flags=re.S)
+    (folder / "my_tasks").mkdir()
+    (folder / yaml.group(1)).write_text(yaml.group(2))
+    rows = [{"question": "The built-in that counts items is", "choices": ["len", "size"], "answer": 0},
+            {"question": "The keyword that leaves a loop is", "choices": ["stop", "break"], "answer": 1}]
+    (folder / "my_tasks" / "my_facts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _table(stdout: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in METRICS:
+            found.setdefault(parts[0], set()).add(parts[1])
+    return found
+
+
+def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first():
+    first = run_by(__file__)[0]
+    assert extras_of(first.page, first.block) == ("eval",)
+    assert len(run_by(__file__)) == 5
+
+
+def test_evaluation_commands_run_as_written(tmp_path):
+    _own_task(tmp_path)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for command in run_by(__file__):
+        proc = subprocess.run(_shortened(command.text), shell=True, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=600, env={**env, **environment(command)})
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        if "-m framework.eval " in command.text:
+            tasks = command.text.split("--tasks ")[1].split()[0].split(",")
+            assert _table(proc.stdout) == {t: METRICS[t] for t in tasks}, proc.stdout
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["checkpoint"].endswith("step_00000004") and len(scores["scores"]) == 5
+    metrics = tmp_path / "outputs" / "scored" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    scored = {r["step"]: r["eval/fw_pytext/bits_per_byte"] for r in records if "eval/fw_pytext/bits_per_byte" in r}
+    assert sorted(scored) == [2, 4]
+    kept = sorted(p.name for p in (tmp_path / "outputs" / "scored" / "checkpoints").iterdir())
+    assert kept == sorted({f"step_{min(scored, key=scored.get):08d}", "step_00000004"})
