@@ -8,6 +8,10 @@ where checkpoint.keep_best may rank by them. No random state moves, so the train
 without the scores trains."""
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
@@ -25,6 +29,8 @@ class TaskScores:
         self._lm = None
         if self.tasks:      # the launcher checked them; in a worker the variables go in before lm_eval's import
             go_offline(self.tasks, self.include_path)
+            if not strategy.is_main:
+                logging.getLogger("lm_eval").setLevel(logging.WARNING)
 
     def _model(self):
         if self._lm is None:
@@ -43,8 +49,11 @@ class TaskScores:
         from framework.evaluation import scores
         from framework.evaluation.tasks import SHIPPED
         local = go_offline(self.tasks, self.include_path)
-        manager = TaskManager(include_path=[SHIPPED, *self.include_path], include_defaults=not local)
-        results = scores.evaluate(self._model(), self.tasks, manager, self.cfg.eval.limit, bootstrap_iters=0)
+        # lm-eval's progress bars and notes once, from rank 0 (the other ranks run the same requests)
+        quiet = contextlib.nullcontext() if self.strategy.is_main else contextlib.redirect_stderr(io.StringIO())
+        with quiet:
+            manager = TaskManager(include_path=[SHIPPED, *self.include_path], include_defaults=not local)
+            results = scores.evaluate(self._model(), self.tasks, manager, self.cfg.eval.limit, bootstrap_iters=0)
         found = [None if results is None else scores.record(results)]
         if dist.is_initialized():
             dist.broadcast_object_list(found, src=0)
