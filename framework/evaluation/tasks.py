@@ -21,6 +21,10 @@ GENERATIVE = "generate_until"
 _NAME = re.compile(r"^(?:task|group|tag):\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
 
 
+#: what a job's workers import to score eval.tasks (framework.train.task_scores), ~1 s of CPU in each
+WORKER_MODULES = ("framework.evaluation.harness", "framework.evaluation.scores", "lm_eval.evaluator", "lm_eval.tasks")
+
+
 class TaskError(ValueError):
     """A task that cannot be run (unknown, its data missing) or a folder of tasks that is not one; `argument`:
     which of the two the caller names, "tasks" or "include_path"."""

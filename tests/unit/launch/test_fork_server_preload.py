@@ -156,3 +156,18 @@ def test_a_sweep_names_more_modules_for_its_server_and_a_module_that_does_not_ex
     assert served == [(*fork_server_preload(strategy_class("ddp"), cfg), "wave", "tabnanny")]
     with pytest.raises(ConfigError, match=r"launcher.preload: 'no_such_module_x' is not a module"):
         validate_composed(compose_config(["launcher.preload=[wave,no_such_module_x]"]))
+
+
+def test_a_cpu_job_scoring_eval_tasks_preloads_lm_eval_once_for_its_workers(compose_config):
+    """Each of a scoring job's workers would import lm-eval again (~1 s of CPU each); a module the server cannot
+    import it skips without a word."""
+    import importlib
+
+    from framework.evaluation.tasks import WORKER_MODULES
+    from framework.strategies.registry import strategy_class
+    fsdp = ["model=tiny", "parallel=fsdp", "device=cpu"]
+    scored = fork_server_preload(strategy_class("fsdp"), compose_config([*fsdp, "eval.tasks=[fw_pytext]"]))
+    assert set(WORKER_MODULES) <= set(scored)
+    assert not set(WORKER_MODULES) & set(fork_server_preload(strategy_class("fsdp"), compose_config(fsdp)))
+    for module in WORKER_MODULES:
+        importlib.import_module(module)
