@@ -49,6 +49,18 @@ def trained_run(tmp_path_factory):
     return lambda *layout, base=(*FAST, *CHECKPOINTED): shared_run(tmp_path_factory, (*base, *layout))
 
 
+#: the sft_tiny recipe (a chat model: ChatML, its template in the checkpoint) for one step, saved at step 1
+SFT_TINY = ("+recipe=sft_tiny", "trainer.max_steps=1", "trainer.eval_every=0", "trainer.progress_bar=false",
+            "checkpoint.enabled=true", "logging.trackers=[]")
+
+
+@pytest.fixture(scope="session")
+def sft_run(tmp_path_factory, trained_run):
+    """Run dir of SFT_TINY (its prepared data in a cache of the session's own), trained once per session for
+    every test that reads a chat checkpoint. Tests must not write into it."""
+    return trained_run(*SFT_TINY, f"data.cache_dir={tmp_path_factory.getbasetemp() / 'sft_cache'}", base=())
+
+
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory, trained_run):
     """Run dir of parallel=single on FAST plus extra args, saving its final checkpoint, trained once per

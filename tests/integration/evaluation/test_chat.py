@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from tests.harness.helpers import check_ok, run_framework
 
 TASKS = ("fw_pyfacts", "fw_pytext")
-LIMIT = 4
+LIMIT = 2
 LOGLIKELIHOOD = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
-def test_chat_template_scores_as_hflm_with_its_template(tmp_path, monkeypatch, capsys):
+def test_chat_template_scores_as_hflm_with_its_template(tmp_path, monkeypatch, sft_run):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -22,10 +21,7 @@ def test_chat_template_scores_as_hflm_with_its_template(tmp_path, monkeypatch, c
     from framework.export.__main__ import main as export_main
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(variable, "1")
-    check_ok(run_framework(["+recipe=sft_tiny", "trainer.max_steps=3", "trainer.eval_every=0",
-                            "trainer.progress_bar=false", "logging.trackers=[]"], tmp_path / "sft",
-                           env={"XDG_CACHE_HOME": str(tmp_path / "cache")}))
-    step = tmp_path / "sft" / "checkpoints" / "step_00000003"
+    step = sft_run / "checkpoints" / "step_00000001"
     out = tmp_path / "scores.json"
     command = importlib.import_module("framework.eval")
     assert command.main([str(step), "--tasks", ",".join(TASKS), "--limit", str(LIMIT), "--apply-chat-template",
@@ -47,14 +43,12 @@ def test_chat_template_scores_as_hflm_with_its_template(tmp_path, monkeypatch, c
             assert ours[key] == value, key
 
 
-def test_a_model_without_a_chat_template_is_refused(tmp_path, monkeypatch, capsys):
-    check_ok(run_framework(["model=tiny", "data.seq_len=32", "trainer.max_steps=1", "trainer.global_batch_size=2",
-                            "trainer.eval_every=0", "trainer.progress_bar=false", "logging.trackers=[]"],
-                           tmp_path / "plain"))
+def test_a_model_without_a_chat_template_is_refused(monkeypatch, capsys, trained_run):
+    plain = trained_run("parallel=single")      # model=tiny on bytes, no chat template
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(variable, "1")
     command = importlib.import_module("framework.eval")
-    assert command.main([str(tmp_path / "plain" / "checkpoints"), "--tasks", "fw_pyfacts",
+    assert command.main([str(plain / "checkpoints"), "--tasks", "fw_pyfacts",
                          "--apply-chat-template"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: --apply-chat-template: ") and "records no chat template" in err[-1], err

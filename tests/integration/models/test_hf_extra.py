@@ -66,15 +66,10 @@ def test_prepare_with_a_chat_template_in_readmes_environment_names_the_extra_and
     assert not os.listdir(tmp_path)
 
 
-def test_generate_on_a_chat_checkpoint_in_readmes_environment_names_the_extra(tmp_path):
+def test_generate_on_a_chat_checkpoint_in_readmes_environment_names_the_extra(tmp_path, sft_run):
     """The checkpoint's chat template renders the prompt through transformers: one line naming the extra (and
     --raw, which needs none), exit 2."""
-    run = tmp_path / "sft"
-    proc = run_framework(["+recipe=sft_tiny", "trainer.max_steps=1", "trainer.eval_every=0",
-                          "trainer.progress_bar=false", "checkpoint.enabled=true", f"data.cache_dir={tmp_path / 'cache'}"],
-                         run, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    step = run / "checkpoints" / "step_00000001"
+    step = sft_run / "checkpoints" / "step_00000001"
     env = readme_env.environment()
     proc = run_framework([str(step), "--prompt", "What is 2 plus 3?"], module="framework.generate", env=env,
                          cwd=tmp_path, timeout=120)
