@@ -59,6 +59,8 @@ class TaskScores:
             dist.broadcast_object_list(found, src=0)
         return found[0]
 
-    def add_to(self, record: dict, interval) -> None:
-        with interval.timed_apart("tasks_time"):
-            record.update(self.run())
+    def add_to(self, record: dict, interval, due: bool) -> None:
+        """The scores into the record of a step plan_step says they are due at, their time apart as tasks_time."""
+        if due:
+            with interval.timed_apart("tasks_time"):
+                record.update(self.run())

@@ -121,8 +121,7 @@ class Trainer:
                             record["val_loss"] = self.evaluate()
                         if do_sample:
                             record["sample"] = self.sample_text()
-                    if do_tasks:
-                        self.task_scores.add_to(record, interval)
+                    self.task_scores.add_to(record, interval, due=do_tasks)
                 saved = finite and checkpoints.should_save(step, is_last)
                 if saved:
                     nonfinite.check()    # never write a non-finite state
