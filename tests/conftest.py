@@ -49,9 +49,12 @@ def trained_run(tmp_path_factory):
     return lambda *layout, base=(*FAST, *CHECKPOINTED): shared_run(tmp_path_factory, (*base, *layout))
 
 
-#: the sft_tiny recipe (a chat model: ChatML, its template in the checkpoint) for one step, saved at step 1
+#: the sft_tiny recipe (a chat model: ChatML, its template in the checkpoint) for one step, saved at step 1 and
+#: scored there in its chat template on 2 documents of each shipped task and of fixtures/eval_tasks' fw_test_answer
 SFT_TINY = ("+recipe=sft_tiny", "trainer.max_steps=1", "trainer.eval_every=0", "trainer.progress_bar=false",
-            "checkpoint.enabled=true", "logging.trackers=[]")
+            "checkpoint.enabled=true", "logging.trackers=[]", "eval.tasks=[fw_pyfacts,fw_pytext,fw_test_answer]",
+            f"eval.include_path=[{Path(__file__).parent / 'fixtures' / 'eval_tasks'}]", "eval.limit=2", "eval.every=1",
+            "eval.apply_chat_template=true")
 
 
 @pytest.fixture(scope="session")

@@ -295,6 +295,7 @@ class EvalConfig:
     limit: Optional[int] = None             # the first N documents of each task; null = all
     every: Optional[int] = None             # steps between evaluations (and at the end); null = trainer.eval_every
     include_path: list[str] = field(default_factory=list)   # folders of your own lm-eval task YAMLs
+    apply_chat_template: bool = False       # render each prompt as a user turn in the chat template the job trains with
 
 
 @dataclass

@@ -176,6 +176,16 @@ def chat_config_in(folder: str) -> dict:
     return {"chat_template": template, **({"bos_token": bos} if bos else {})}
 
 
+def chat_config_of_data(data_cfg) -> dict:
+    """The chat template the job trains with, as chat_config_in reads it from beside data.tokenizer (a prepared
+    chat dataset's: admission points data.tokenizer there), which record_in copies into each checkpoint; {} if
+    none."""
+    spec = data_cfg.get("tokenizer")
+    if not spec or not os.path.isfile(spec):
+        return {}
+    return chat_config_in(os.path.dirname(os.path.abspath(spec)))
+
+
 def of_checkpoint(step_dir: str, data_cfg) -> Tokenizer | None:
     """The tokenizer a checkpoint's weights were trained with: its copied tokenizer.json, else bytes for the
     byte-level sources; None when the run never named one (a flat token file without data.tokenizer).

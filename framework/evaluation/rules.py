@@ -29,6 +29,9 @@ def validate_eval(cfg) -> None:
     if tokenizer.of_data(cfg.data) is None:
         raise ConfigError("eval.tasks", f"need the data's tokenizer to encode the tasks' text; data.source="
                                         f"{cfg.data.source} names none: set data.tokenizer=/path/to/tokenizer.json")
+    if e.apply_chat_template and not tokenizer.chat_config_of_data(cfg.data):
+        raise ConfigError("eval.apply_chat_template", "the data records no chat template (the job does not train "
+                                                      "on chat data); leave it false")
     try:
         _, loaded = load_tasks(list(e.tasks), list(e.include_path))
     except TaskError as err:

@@ -15,7 +15,7 @@ import logging
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from framework.data.tokenizer import of_data
+from framework.data.tokenizer import chat_config_of_data, of_data
 from framework.evaluation.rules import every_of
 from framework.evaluation.scoring import strategy_scorer
 from framework.evaluation.tasks import go_offline
@@ -38,9 +38,10 @@ class TaskScores:
             cfg, tok = self.cfg, of_data(self.cfg.data)
             self.batches.plan(self.batches.layout)
             vocab = OmegaConf.select(cfg, "model.vocab_size", default=None) or cfg.data.vocab_size
+            chat = chat_config_of_data(cfg.data) if cfg.eval.apply_chat_template else None
             self._lm = FrameworkLM(strategy_scorer(self.strategy, self.batches.layout.micro_batch), tok,
                                    cfg.data.seq_len, prefix_for(tok, vocab), cfg.trainer.global_batch_size,
-                                   width=cfg.data.seq_len)
+                                   width=cfg.data.seq_len, chat=chat)
         return self._lm
 
     def run(self) -> dict[str, float]:
@@ -53,7 +54,8 @@ class TaskScores:
         quiet = contextlib.nullcontext() if self.strategy.is_main else contextlib.redirect_stderr(io.StringIO())
         with quiet:
             manager = TaskManager(include_path=[SHIPPED, *self.include_path], include_defaults=not local)
-            results = scores.evaluate(self._model(), self.tasks, manager, self.cfg.eval.limit, bootstrap_iters=0)
+            results = scores.evaluate(self._model(), self.tasks, manager, self.cfg.eval.limit,
+                                      self.cfg.eval.apply_chat_template, bootstrap_iters=0)
         found = [None if results is None else scores.record(results)]
         if dist.is_initialized():
             dist.broadcast_object_list(found, src=0)

@@ -151,7 +151,7 @@ NOT_CROSSED: dict[str, str] = {
     # benchmark scores: forwards in evaluation mode through the strategy, no random state moved (tests/integration/
     # evaluation/test_in_loop.py holds a job's losses with them to the losses without); every layout is held to
     # single's scores there
-    **dict.fromkeys(("eval.tasks", "eval.limit", "eval.every"), _RECORDS),
+    **dict.fromkeys(("eval.tasks", "eval.limit", "eval.every", "eval.apply_chat_template"), _RECORDS),
     "eval.include_path": _PATH,
 }
 

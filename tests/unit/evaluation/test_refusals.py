@@ -72,6 +72,8 @@ def test_the_command_refuses_in_one_line(command, tasks_dir, tmp_path, args, lin
                                                     "trainer.eval_every=0"),
     (["eval.tasks=[no_such_task]"], "error: eval.tasks: 'no_such_task' is not a task lm-eval knows"),
     (["eval.tasks=[fw_pytext]", "eval.limit=0"], "error: eval.limit: must be at least 1"),
+    (["eval.tasks=[fw_pytext]", "eval.apply_chat_template=true"],
+     "error: eval.apply_chat_template: the data records no chat template"),
     (["eval.tasks=[fw_pytext]", "eval.include_path=[/no/such/folder]"],
      "error: eval.include_path: /no/such/folder is not a folder"),
     (["eval.tasks=[fw_test_generate]", "eval.include_path=[{tasks}]"],
