@@ -11,6 +11,7 @@ from framework.data import assets
 
 def register_configs() -> None:
     from framework.models.spec import SPECS, spec_named
+    from framework.objectives.registry import OBJECTIVES, objective_class
     from framework.strategies.registry import all_strategy_classes
 
     # `${fw_asset:NAME}`: a data file the package ships (recipes sft_tiny, lora_tiny), wherever it is installed
@@ -32,6 +33,8 @@ def register_configs() -> None:
     cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)
     cs.store(group="schema/scheduler", name="wsd", node=schema.WSDConfig)
     cs.store(group="schema/data", name="data", node=schema.DataConfig)
+    for name in OBJECTIVES:
+        cs.store(group="schema/objective", name=name, node=objective_class(name).options)
     _sweeper_defaults(cs)
 
 

@@ -211,6 +211,9 @@ class DataConfig:
     split: str = "train"                # datasets: the split to read
     chat_template: Optional[OneOf[TEMPLATES]] = None   # chat: null = the tokenizer's own; llama3 | chatml
     train_on: OneOf[TRAIN_ON] = "assistant"           # chat: the tokens trained (the rest masked from the loss)
+    # preference: a prompt longer than this keeps its last max_prompt_length tokens (older TRL's rule; TRL 1.16 has
+    # none); null = off. Then each sequence keeps its first seq_len + 1 tokens (TRL's max_length, keep-start)
+    max_prompt_length: Optional[int] = None
     cache_dir: Optional[str] = None         # where prepared datasets are kept; null: ~/.cache/framework
     prepared: Optional[str] = None      # set by the launcher: the dataset dir the inputs were prepared into
 
@@ -366,6 +369,7 @@ class Config:
     optimizer: Any = MISSING
     scheduler: SchedulerConfig = MISSING
     data: DataConfig = MISSING
+    objective: Any = MISSING     # what the job trains toward (framework/objectives); a group option names it
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -26,6 +26,7 @@ from framework.metrics.rules import validate_logging, validate_profile, validate
 from framework.models.rules import importable, validate_lora, validate_model
 from framework.models.spec import spec_for
 from framework.optim.rules import validate_optimizer, validate_optimizer_extra
+from framework.objectives.rules import validate_objective
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.runtime import determinism
 from framework.runtime.devices import check_visible_gpus
@@ -103,6 +104,7 @@ def validate(cfg: Config, world_size: int, strategy_cls, run_dir: str | None = N
     validate_optimizer(cfg, importable("optimizer._target_", cfg.optimizer._target_), strategy_cls,
                        lambda: spec_for(cfg.model).meta_skeleton(cfg.model))
     validate_lora(cfg)
+    validate_objective(cfg, strategy_cls.frozen_reference, strategy_cls.name)
     strategy_cls.validate(cfg, world_size)
     validate_batch_changes(cfg, strategy_cls, world_size)
     validate_data_contents(cfg)

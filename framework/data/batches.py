@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from framework.data.examples import OneExampleARow, cut_counts
+from framework.data.examples import OneExampleARow, Pairs, cut_counts
 from framework.data.ramp import BatchSizes
 from framework.data.rows import PAD_ID, Rows
 from framework.models.loss import IGNORE_INDEX
@@ -123,9 +123,9 @@ class GlobalBatchSampler:
                  shuffle: bool = True, stream: tuple[int, ...] = ()):
         """`tokens`: a token stream (cut into Windows) or sequences already laid out (Windows, Packed,
         OneExampleARow)."""
-        self.layout = tokens if isinstance(tokens, (Windows, Packed, OneExampleARow)) else Windows(tokens, seq_len)
+        self.layout = tokens if isinstance(tokens, (Windows, Packed, OneExampleARow, Pairs)) else Windows(tokens, seq_len)
         #: rows as wide as seq_len + 1, or None: one example a row, each micro-batch as wide as its longest
-        self.width = None if isinstance(self.layout, OneExampleARow) else seq_len
+        self.width = None if isinstance(self.layout, (OneExampleARow, Pairs)) else seq_len
         #: what data.seq_len cut of the data's examples (examples.cut_counts), set by build_samplers
         self.cut: dict[str, int] = {}
         self.stream = stream   # extra seed words: a mixture gives each source its own order
@@ -176,7 +176,7 @@ class GlobalBatchSampler:
     def tokens(self, after_step: int, to_step: int) -> int:
         """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive): every position of their
         rows, or where rows hold one example each, the examples' tokens (padding left out, as TRL counts)."""
-        if not isinstance(self.layout, OneExampleARow):
+        if not isinstance(self.layout, (OneExampleARow, Pairs)):
             return (self.batch_sizes.offset(to_step) - self.batch_sizes.offset(after_step)) * self.seq_len
         return sum(self.layout.tokens_of(self.sequence_ids(step)) for step in range(after_step, to_step))
 
@@ -190,6 +190,8 @@ def layout_of(stream, data_cfg):
     (data.packing), anything else in windows, with document numbers where data.document_mask asks for them and
     the data knows its documents."""
     document_mask = bool(data_cfg.get("document_mask"))     # a config written before the key existed: off
+    if stream.manifest and stream.manifest.get("pairs"):
+        return Pairs(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len, data_cfg.get("max_prompt_length"))
     if stream.mask is not None and not data_cfg.get("packing", True):
         return OneExampleARow(stream.tokens, stream.mask, stream.starts, data_cfg.seq_len)
     if stream.mask is not None:
@@ -219,7 +221,8 @@ def build_samplers(data_cfg, global_batch_size: BatchSizes | int, seed: int, wit
             [GlobalBatchSampler(split[index], data_cfg.seq_len, 1, seed, shuffle, stream=(i + 1,))
              for i, split in enumerate(splits)], weights, names, sizes, seed)
         train_sampler, val_sampler = mix(0, True, global_batch_size), (mix(1, False, final) if with_val else None)
-    train_sampler.cut = data_cut(found, data_cfg)
+    train = train_sampler.layout if not source.mixture else None
+    train_sampler.cut = train.counts if isinstance(train, Pairs) else data_cut(found, data_cfg)
     return train_sampler, val_sampler
 
 
@@ -256,7 +259,10 @@ def split_stream(stream, val_fraction: float):
                         np.zeros(1, np.int64)))
     starts = np.asarray(stream.starts)
     docs = len(starts) - 1
-    cut_doc = docs - int(docs * val_fraction)
+    held = int(docs * val_fraction)
+    if stream.manifest and stream.manifest.get("pairs"):
+        held -= held % 2            # preference pairs: two examples each, never split
+    cut_doc = docs - held
     cut = int(starts[cut_doc])
     return (replace(stream, tokens=stream.tokens[:cut], mask=stream.mask[:cut], starts=starts[:cut_doc + 1]),
             replace(stream, tokens=stream.tokens[cut:], mask=stream.mask[cut:], starts=starts[cut_doc:] - cut))

@@ -92,7 +92,7 @@ def is_chat_record(record, text_key: str) -> bool:
         ("prompt" in record and "completion" in record)
 
 
-def _checked_messages(where: str, messages) -> list[dict]:
+def checked_messages(where: str, messages) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise ChatError(f"{where}: the messages are {'empty' if messages == [] else 'not a list'}")
     out = []
@@ -117,10 +117,10 @@ def example_of(where: str, record, text_key: str) -> Example:
     turn says something, and there is one to train on."""
     if isinstance(record.get(text_key), list) or isinstance(record.get("messages"), list):
         key = text_key if isinstance(record.get(text_key), list) else "messages"
-        return Example(where, messages=_checked_messages(where, record[key]))
+        return Example(where, messages=checked_messages(where, record[key]))
     prompt, completion = record.get("prompt"), record.get("completion")
     if isinstance(prompt, list) and isinstance(completion, list):
-        return Example(where, messages=_checked_messages(where, prompt + completion))
+        return Example(where, messages=checked_messages(where, prompt + completion))
     if not isinstance(prompt, str) or not isinstance(completion, str):
         raise ChatError(f"{where}: 'prompt' and 'completion' must both be strings or both message lists")
     if not completion.strip():

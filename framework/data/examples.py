@@ -19,6 +19,8 @@ from framework.data.rows import Rows, padded
 #: the counts `cut_counts` reports, as metrics name them
 COUNTS = ("data/examples", "data/examples_split", "data/examples_truncated", "data/examples_dropped",
           "data/tokens_truncated")
+#: what `Pairs` reports instead, for preference data
+PAIR_COUNTS = ("data/pairs", "data/pairs_truncated", "data/pairs_dropped", "data/prompts_cut")
 
 
 def trained_targets(mask, start: int, length: int) -> int:
@@ -61,6 +63,59 @@ class OneExampleARow:
         return int(self.length[np.asarray(ids, dtype=np.int64)].sum())
 
 
+def prompt_length(mask, start: int, length: int) -> int:
+    """Tokens before an example's first trained one: a preference example's prompt (its completion follows whole)."""
+    found = np.flatnonzero(np.asarray(mask[start:start + length]))
+    return int(found[0]) if len(found) else length
+
+
+class Pairs:
+    """Preference pairs (framework/data/pairs.py: examples two by two, chosen then rejected, the completion
+    trained), the sampler's unit: `rows` of pair ids are their examples interleaved, c0, r0, c1, r1, ..., so every
+    even split of them (micro-batches, data-parallel ranks) keeps a pair whole. TRL's truncation: a prompt longer
+    than `max_prompt_length` (None: no limit) keeps its end (older TRL's rule), then each sequence keeps its first
+    seq_len + 1 tokens (TRL 1.16's max_length, keep-start); a pair left with no completion token is dropped and
+    counted (TRL drops it silently)."""
+
+    def __init__(self, tokens, mask, starts: np.ndarray, seq_len: int, max_prompt_length: Optional[int] = None):
+        self.tokens, self.mask = tokens, mask
+        starts = np.asarray(starts, dtype=np.int64)
+        start, length = starts[:-1].copy(), np.diff(starts)
+        prompts_cut = 0
+        if max_prompt_length is not None:
+            cut = np.asarray([max(0, prompt_length(mask, int(s), int(n)) - max_prompt_length)
+                              for s, n in zip(start.tolist(), length.tolist())], dtype=np.int64)
+            start, length = start + cut, length - cut
+            prompts_cut = int(np.count_nonzero(cut[0::2]))
+        width = seq_len + 1
+        trains = np.ones(len(start), dtype=bool)
+        for i in np.flatnonzero(length > width):
+            trains[i] = trained_targets(mask, int(start[i]), width) > 0
+        kept = trains[0::2] & trains[1::2]
+        longer = (length[0::2] > width) | (length[1::2] > width)
+        self.start = start.reshape(-1, 2)[kept]
+        self.length = np.minimum(length, width).reshape(-1, 2)[kept]
+        self.counts = dict(zip(PAIR_COUNTS, (len(kept), int(np.count_nonzero(longer & kept)),
+                                             int(np.count_nonzero(~kept)), prompts_cut)))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def _examples(self, ids):
+        ids = np.asarray(ids, dtype=np.int64)
+        return zip(self.start[ids].reshape(-1).tolist(), self.length[ids].reshape(-1).tolist())
+
+    def rows(self, ids) -> Rows:
+        return padded([(np.asarray(self.tokens[s:s + n]), np.asarray(self.mask[s:s + n]))
+                       for s, n in self._examples(ids)])
+
+    def trained(self, ids) -> Optional[int]:
+        return sum(trained_targets(self.mask, s, n) for s, n in self._examples(ids))
+
+    def tokens_of(self, ids) -> int:
+        return int(self.length[np.asarray(ids, dtype=np.int64)].sum())
+
+
 def cut_counts(starts, mask, seq_len: int, packing: bool, overlong: str) -> dict[str, int]:
     """What data.seq_len does to a stream's examples: how many there are; how many are longer than a row
     (seq_len + 1 tokens) and so split into row-long pieces (packed, data.overlong=split) or truncated to one
@@ -77,7 +132,14 @@ def cut_counts(starts, mask, seq_len: int, packing: bool, overlong: str) -> dict
 
 
 def describe_cut(counts: dict[str, int], seq_len: int) -> str:
-    """`cut_counts` in words, for the run's summary."""
+    """`cut_counts` (or `Pairs.counts`) in words, for the run's summary."""
+    if "data/pairs" in counts:
+        pairs, truncated, dropped, prompts = (counts.get(k, 0) for k in PAIR_COUNTS)
+        return (f"{pairs:,} preference pairs (trainer.global_batch_size counts pairs, 2 sequences each)"
+                + (f", {prompts:,} prompts cut to data.max_prompt_length" if prompts else "")
+                + (f", {truncated:,} with a sequence truncated to {seq_len + 1} tokens (data.seq_len + 1)"
+                   if truncated else "")
+                + (f", {dropped:,} dropped: the prompt left no completion token" if dropped else ""))
     examples, split, truncated, dropped, cut_tokens = (counts[k] for k in COUNTS)
     row = f"a row of {seq_len + 1} tokens (data.seq_len + 1)"
     if split:

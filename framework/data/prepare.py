@@ -33,6 +33,8 @@ from framework.data.chat import (TEMPLATES, TRAIN_ON, ChatError, Example, Missin
                                  check_renderer, choose_template, contents, example_of, fit_tokenizer, is_chat_record,
                                  stop_tokens)
 from framework.data.documents import DocumentError, expand_inputs, read_records, text_of
+from framework.data.pairs import contents as pair_contents
+from framework.data.pairs import encode_pair, is_pair_record, pair_of
 from framework.data.token_dataset import DatasetError, ShardWriter, file_sha256, token_dtype
 
 BATCH_CHARS = 1 << 20   # text per task: large enough to amortise the pickling, small enough to stream
@@ -91,6 +93,19 @@ def encode_examples(examples: list[Example]) -> tuple[np.ndarray, np.ndarray, np
     encoded = [_worker_renderer.encode(e, _worker_train_on) for e in examples]
     lengths = np.fromiter((len(ids) for ids, _ in encoded), dtype=np.int64, count=len(encoded))
     return (np.concatenate([ids for ids, _ in encoded]), lengths, np.concatenate([mask for _, mask in encoded]))
+
+
+def encode_pairs(pairs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(all ids, per-example lengths, the completion mask over all ids): each pair two examples, chosen then
+    rejected (framework/data/pairs.py)."""
+    _started()
+    ids, masks = [], []
+    for pair in pairs:
+        found = encode_pair(pair, _worker_renderer)
+        ids += found[0]
+        masks += found[1]
+    lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
+    return np.concatenate(ids), lengths, np.concatenate(masks)
 
 
 def _in_order(pool: ProcessPoolExecutor, work, items, ahead: int):
@@ -173,6 +188,11 @@ def _examples(files: list[str], read, text_key: str, template: Template) -> Iter
         yield example
 
 
+def _pairs(files: list[str], read) -> Iterator:
+    for where, record in all_records_of(files, read):
+        yield pair_of(where, record)
+
+
 def all_records_of(files: list[str], read, columns: list[str] | None = None):
     for path in files:
         yield from read(path, columns)
@@ -180,12 +200,13 @@ def all_records_of(files: list[str], read, columns: list[str] | None = None):
 
 def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "text",
             shard_tokens: int = 100_000_000, workers: int = 1, chat: Optional[ChatOptions] = None,
-            source=None, split: str = "train", chat_only: bool = False) -> dict:
+            source=None, split: str = "train", chat_only: bool = False, pairs: bool = False) -> dict:
     """Write the dataset dir `out`; return its manifest. Raises DocumentError / TokenizerError / DatasetError.
 
     The inputs are read by `source` (a data Source), or each by the source that reads its kind. They are chat
     records when the first one is a conversation (then every one must be; `chat_only`: they must be), else
-    text documents."""
+    text documents; `pairs`: they are preference records (framework/data/pairs.py), each written as two examples,
+    chosen then rejected, the completion trained."""
     if shard_tokens <= 0 or workers <= 0:
         raise DatasetError("--shard-tokens and --workers must be positive")
     if os.path.exists(out):
@@ -200,11 +221,18 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
 
     first = _first_record(files, read)
     is_chat = first is not None and is_chat_record(first[1], text_key)
-    if chat_only and first is not None and not is_chat:
+    if chat_only and not pairs and first is not None and not is_chat:
         raise ChatError(f"{first[0]}: not a chat record: give 'messages' (a list of {{role, content}}) or 'prompt' "
                         f"and 'completion'")
     kind, _ = tokenizers_.parse_spec(tokenizer_spec)
-    if is_chat:
+    if pairs:
+        if first is not None and not is_pair_record(first[1]):
+            raise ChatError(f"{first[0]}: not a preference record: give 'prompt', 'chosen' and 'rejected'")
+        is_chat = True          # examples with a loss mask, and the template's files beside the tokenizer
+        template = choose_template(chat.template, tokenizer_spec, own=kind == "file")
+        check_renderer(template)
+        training = (text for pair in _pairs(files, read) for text in pair_contents(pair))
+    elif is_chat:
         template = choose_template(chat.template, tokenizer_spec, own=kind == "file")
         check_renderer(template)
         training = (text for e in _examples(files, read, text_key, template) for text in contents(e))
@@ -225,7 +253,11 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
     os.makedirs(tmp)
     done = False
     try:
-        if is_chat:
+        if pairs:
+            tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja, bos_token=template.bos_token)
+            work, init = encode_pairs, (tok.to_str(), template, bos_ids, eos_id, chat.train_on)
+            items = _batches(_pairs(files, read), size=lambda p: sum(map(len, pair_contents(p))))
+        elif is_chat:
             tokenizers_.write_hf_files(tok, tmp, chat_template=template.jinja, bos_token=template.bos_token)
             work, init = encode_examples, (tok.to_str(), template, bos_ids, eos_id, chat.train_on)
             items = _batches(_examples(files, read, text_key, template), size=lambda e: sum(map(len, contents(e))))
@@ -248,6 +280,8 @@ def prepare(inputs: list[str], tokenizer_spec: str, out: str, text_key: str = "t
         if is_chat:
             extra = {"chat_template": template.name, "train_on": chat.train_on,
                      "stop_tokens": stop_tokens(tok, template, eos_token)}
+        if pairs:
+            extra.update(pairs=True, train_on="completion")
         manifest = writer.finish(
             vocab_size=vocab, eos_id=eos_id, eos_token=eos_token, bos_ids=bos_ids, tokenizer=tokenizers_.TOKENIZER_FILE,
             tokenizer_sha256=file_sha256(os.path.join(tmp, tokenizers_.TOKENIZER_FILE)),

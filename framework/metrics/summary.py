@@ -7,7 +7,7 @@ import shlex
 import statistics
 
 from framework.checkpoint.names import checkpoint_dir, complete_checkpoints
-from framework.data.examples import COUNTS, describe_cut
+from framework.data.examples import COUNTS, PAIR_COUNTS, describe_cut
 from framework.redact import redacted
 
 # Overrides that the printed commands set themselves.
@@ -64,7 +64,7 @@ def run_summary(cfg, run_dir: str, wall_seconds: float, first_step: int, last_st
                      + f", MFU {100 * values['mfu']:.2f}% (medians of logged steps)")
     if totals["steps"]:
         lines.append(training_line(totals))
-    cut = {k: v for k, v in (records[0] if records else {}).items() if k in COUNTS}
+    cut = {k: v for k, v in (records[0] if records else {}).items() if k in COUNTS + PAIR_COUNTS}
     if cut:
         values.update(cut)
         lines.append(f"  data        {describe_cut(cut, cfg.data.seq_len)}")

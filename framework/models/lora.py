@@ -13,6 +13,7 @@ row-wise scales) or nf4 (torchao's NF4Tensor, QLoRA); the adapters stay float32.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from typing import Iterable
@@ -27,6 +28,20 @@ ADAPTER_SUFFIXES = ("lora_A", "lora_B", "lora_magnitude")
 BASE_DTYPES = ("float32", "bfloat16", "float8", "nf4")
 NF4_BLOCK = 64          # elements per NF4 block (torchao's default), or the largest power of two dividing the weight
 NF4_SCALER_BLOCK = 256  # blocks per double-quantised scale (torchao's default), or the largest divisor below it
+
+_off = [False]      # adapters_off(): every LoRALinear computes its frozen base alone
+
+
+@contextlib.contextmanager
+def adapters_off():
+    """Within: every adapted linear is its base (the adapters and a DoRA magnitude left out), in every module of
+    the process, whatever wraps it (DDP, FSDP2, DeepSpeed's engine, a pipeline stage): a preference objective's
+    reference model with no second copy of the weights (TRL's `use_adapter(model, None)`)."""
+    previous, _off[0] = _off[0], True
+    try:
+        yield
+    finally:
+        _off[0] = previous
 
 
 class LoRALinear(nn.Linear):
@@ -53,6 +68,8 @@ class LoRALinear(nn.Linear):
         return merged * (self.lora_magnitude / merged.norm(dim=1)).unsqueeze(1) - base
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _off[0]:
+            return self._frozen(x)
         a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
         if self.lora_magnitude is not None:
             # DoRA, as PEFT computes it: the base output scaled to the magnitude, with the norm not differentiated

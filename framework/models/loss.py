@@ -125,3 +125,28 @@ def chunked_cross_entropy(hidden: torch.Tensor, head, targets: torch.Tensor, chu
         else:
             total = total + _chunk_loss_sum(head, h, t)
     return _mean(total, targets)
+
+
+def _chunk_token_logps(head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return -F.cross_entropy(head(hidden).float(), targets, reduction="none", ignore_index=IGNORE_INDEX)
+
+
+def token_logps(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) of each position, in fp32 (float64 for a float64 model), 0 where the target is IGNORE_INDEX:
+    a (batch, positions) tensor, for objectives that score whole sequences (framework/objectives/preference.py).
+    A deferred head (model.loss_chunk_tokens) is applied chunk by chunk, each under torch.utils.checkpoint, as
+    `cross_entropy` does."""
+    if _queue():
+        head, chunk_tokens, shape = _queue().popleft()
+        if output.shape != shape:
+            raise RuntimeError(f"the objective got a {tuple(output.shape)} output where the model deferred its head "
+                               f"on {tuple(shape)} hidden states")
+        parts = []
+        for h, t in zip(output.flatten(0, -2).split(chunk_tokens), targets.flatten().split(chunk_tokens)):
+            parts.append(checkpoint(_chunk_token_logps, head, h, t, use_reentrant=False)
+                         if torch.is_grad_enabled() else _chunk_token_logps(head, h, t))
+        return torch.cat(parts).view(targets.shape)
+    logits = output.flatten(0, -2)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return -F.cross_entropy(logits, targets.flatten(), reduction="none",
+                            ignore_index=IGNORE_INDEX).view(targets.shape)

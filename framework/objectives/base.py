@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import abc
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import torch
 
 from framework.models.loss import global_batch
+
+
+@dataclass
+class ObjectiveOptions:
+    name: str = "lm"                        # the objective; set by the group option (objective=<name>)
 
 
 class Objective(abc.ABC):
@@ -14,6 +20,15 @@ class Objective(abc.ABC):
     global batch's mean, framework/models/loss.py says how)."""
 
     name: str = ""
+    #: the schema dataclass of its `objective.*` keys (conf/objective/<name>.yaml names it)
+    options: type = ObjectiveOptions
+    #: rows of a micro-batch one example of the sampler's is (2: a preference pair, chosen then rejected)
+    rows_per_example: int = 1
+    #: whether its loss reads a reference model's log-probs (framework/train/reference.py provides them)
+    needs_reference: bool = False
+
+    def __init__(self, options=None):
+        self.cfg = options
 
     @abc.abstractmethod
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -26,3 +41,13 @@ class Objective(abc.ABC):
         """While inside, losses are shares of the mean over the `trained` targets of a global batch of
         `sequences` rows of `width` positions (framework.models.loss.global_batch)."""
         return global_batch(trained, sequences, width)
+
+    def begin_step(self) -> None:
+        """Before a step's (or an evaluation's) micro-batches: forget what the last one left."""
+
+    def metric_sums(self) -> torch.Tensor | None:
+        """Sums over this rank's examples since begin_step of the metrics `metric_names` lists, then the count
+        they are divided by (reduced over ranks by the trainer); None: no metrics of its own."""
+        return None
+
+    metric_names: tuple[str, ...] = ()

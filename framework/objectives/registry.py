@@ -1,6 +1,6 @@
 """Objective name -> "module:class". Adding an objective: one module under framework/objectives/ and one line
 here (or `register` at runtime). Class paths are strings, imported only when the objective is chosen. Jobs train
-`lm` (issue 60 adds the config group that picks another)."""
+`lm` unless the `objective` config group (conf/objective/) picks another."""
 from __future__ import annotations
 
 import importlib
@@ -10,9 +10,12 @@ from framework.objectives.base import Objective
 
 OBJECTIVES: dict[str, str] = {
     "lm": "framework.objectives.lm:NextTokenCrossEntropy",
+    "dpo": "framework.objectives.dpo:DPO",
+    "simpo": "framework.objectives.simpo:SimPO",
 }
 
-#: what every job trains until the `objective` config group exists
+#: what a job trains when its config names no objective (conf/config.yaml's default, and a config saved before
+#: the `objective` group existed)
 DEFAULT = "lm"
 
 
@@ -21,8 +24,18 @@ def register(name: str, path: str) -> None:
     OBJECTIVES[name] = path
 
 
-def objective_named(name: str = DEFAULT) -> Objective:
+def objective_class(name: str = DEFAULT) -> type[Objective]:
     if name not in OBJECTIVES:
         raise ConfigError("objective", f"unknown objective {name!r}; available: {', '.join(OBJECTIVES)}")
     module, cls = OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)
+
+
+def objective_named(name: str = DEFAULT, options=None) -> Objective:
+    return objective_class(name)(options)
+
+
+def objective_of(cfg) -> Objective:
+    """The job's objective, built with its `objective.*` keys."""
+    options = cfg.get("objective")
+    return objective_named(options.name if options is not None else DEFAULT, options)

@@ -16,7 +16,7 @@ from framework.errors import ConfigError
 from framework.config.schema import Config, ParallelConfig
 from framework.parallel.float8 import gathers_float8, precompute_fsdp_scales
 from framework.parallel.mesh import ParallelDims
-from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits, frozen
 from framework.strategies.traits import ZERO_SHARDS, AutoLayout
 
 
@@ -134,6 +134,13 @@ class FSDPStrategy(FSDPTraits, UnitShardedStep, TorchStrategy):
         sharding = ShardingPlan(enabled=True, reshard_after_forward=not self.keeps_gathered(cfg.zero.stage),
                                 mp_policy=mixed_precision_policy(cfg.precision), offload=cfg.zero.offload_params,
                                 wrap_classes=cfg.parallel.wrap_classes)
+        self.sharding_plan = sharding
         self.model, = parallelize(model_factory, self.mesh, cfg, self.device, sharding)
         self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def build_reference(self, model_factory) -> None:
+        """The initial model sharded as the policy is (the same mesh, units and mixed precision)."""
+        from framework.parallel.parallelize import parallelize
+        reference, = parallelize(model_factory, self.mesh, self.cfg, self.device, self.sharding_plan)
+        self.reference_model = frozen(reference)

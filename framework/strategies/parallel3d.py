@@ -32,7 +32,7 @@ from framework.parallel.context_parallel import check_context_parallel
 from framework.parallel.mesh import ParallelDims
 from framework.parallel.pipeline import SPLIT_BACKWARD, build_schedule, canonical_name, stage_ids, validate_pipeline
 from framework.runtime.devices import device_type
-from framework.strategies.torch_strategy import TorchStrategy, TorchTraits
+from framework.strategies.torch_strategy import TorchStrategy, TorchTraits, frozen
 from framework.strategies.traits import AutoLayout
 from framework.strategies.fsdp import FSDPOptions, FSDPTraits, UnitSharded, UnitShardedStep
 
@@ -267,6 +267,7 @@ class Parallel3DStrategy(Parallel3DTraits, UnitShardedStep, TorchStrategy):
             self.stage_ids, self.num_stages = [0], 1
         modules = parallelize(model_factory, self.mesh, cfg, self.device, self.sharding(mesh_dims), tuple(self.stage_ids),
                               self.num_stages)
+        self.mesh_dims_built = mesh_dims
         self.context = None
         if self.dims.cp > 1:
             from framework.parallel.context_parallel import ContextParallel
@@ -282,6 +283,16 @@ class Parallel3DStrategy(Parallel3DTraits, UnitShardedStep, TorchStrategy):
             self._build_schedule(self.batch_layout(cfg, self.world_size).pipeline_microbatches)
         self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def build_reference(self, model_factory) -> None:
+        """The initial model split, tensor-parallel and sharded as the policy is. One stage only: pipelines are
+        refused with one sequence a row (check), the only rows preference data has."""
+        from framework.parallel.parallelize import parallelize
+        if len(self.stages) != 1:
+            raise NotImplementedError("a frozen reference model across pipeline stages")
+        reference, = parallelize(model_factory, self.mesh, self.cfg, self.device, self.sharding(self.mesh_dims_built),
+                                 tuple(self.stage_ids), self.num_stages)
+        self.reference_model = frozen(reference)
 
     def _new_schedule(self):
         return build_schedule(self.cfg.parallel.pp_schedule, self.stages, self.stage_ids, self.num_stages,

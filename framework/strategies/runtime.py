@@ -5,6 +5,7 @@ class subclasses."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import gc
 import os
 from typing import TYPE_CHECKING, Callable
@@ -110,6 +111,27 @@ class Strategy(StrategyTraits, abc.ABC):
         reports = [None] * dist.get_world_size()
         dist.all_gather_object(reports, report, group=self._host_group)
         return next(r for r in reports if r is not None)
+
+    #: the frozen reference model build_reference made (None: none)
+    reference_model: nn.Module | None = None
+
+    def build_reference(self, build_model: "ModelFactory") -> None:
+        """A frozen copy of the initial model (never the checkpoint's: a resumed run's reference is the one it
+        started from), laid out as the policy is and never stepped or saved: what `reference()` runs. Strategies
+        that can (traits' frozen_reference) override it."""
+        raise NotImplementedError(f"parallel={self.name} builds no frozen reference model")
+
+    @contextlib.contextmanager
+    def reference(self):
+        """Within: eval_loss runs the reference model build_reference made (without one: the policy as it is)."""
+        if self.reference_model is None:
+            yield
+            return
+        policy, self.model = self.model, self.reference_model
+        try:
+            yield
+        finally:
+            self.model = policy
 
     @abc.abstractmethod
     def eval_loss(self, micro_batches, loss_fn) -> torch.Tensor:

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from framework.config.schema import Config
 
 
+def frozen(model: nn.Module) -> nn.Module:
+    """A model that is only read: no gradients, evaluation mode."""
+    return model.requires_grad_(False).eval()
+
+
 class TorchTraits(StrategyTraits):
     """What every strategy whose loop is TorchStrategy declares: torch.distributed.checkpoint's saves."""
     precision_autocast = True
@@ -28,6 +33,7 @@ class TorchTraits(StrategyTraits):
     supports_async_save = True
     saves_to_urls = True
     worker_modules = ("framework.checkpoint.dcp_state", "framework.parallel.grad_norm")
+    frozen_reference = True
 
 
 class TorchStrategy(TorchTraits, Strategy):
@@ -61,6 +67,12 @@ class TorchStrategy(TorchTraits, Strategy):
         self.model = checkpoint_compile_wrap(model, self.cfg, model_factory.spec, self.wrap_model)
         self.optimizer = self.make_optimizer(self.model, build_optimizer)
         self.scheduler = build_scheduler(self.optimizer)
+
+    def build_reference(self, model_factory) -> None:
+        """A replica of the initial model on every rank, no wrapper (it takes no gradient to synchronise)."""
+        model = model_factory().to(self.device)
+        convert_float8(model, self.cfg.precision, model_factory.spec, fsdp=False)
+        self.reference_model = frozen(model)
 
     def step_metrics(self) -> dict:
         return self.precision.metrics()

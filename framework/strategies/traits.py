@@ -54,6 +54,9 @@ class StrategyTraits:
     adapter_base_dtypes: tuple[str, ...] = ()
     #: its optimizer steps flattened partitions of many parameters (ZeRO), not the parameters' own tensors
     flat_optimizer_partitions = False
+    #: it builds a frozen copy of the initial model, laid out like the policy (`build_reference`), for an
+    #: objective that reads a reference model without LoRA (objective=dpo); False: such a job is refused
+    frozen_reference = False
 
     # ---- before any worker exists -------------------------------------------------------
     #: workers spawned when neither torchrun nor launcher.nproc_per_node says how many

@@ -49,6 +49,7 @@ class StepBatches:
         self.layout = strategy.batch_layout(cfg, strategy.world_size)     # at the final global batch size
         self.retry = t.on_oom == "retry"
         self._planned = None
+        self.reference = None       # a ReferencePass, once the strategy has its model (Trainer.fit)
 
     def global_batch(self, sampler, step: int):
         """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
@@ -59,8 +60,25 @@ class StepBatches:
         """The batch layout of training step `step` (1-based)."""
         return self.layout.with_global(self.sizes.size(step - 1))
 
+    def micro_batches(self, local, layout) -> list:
+        """A rank's share as micro-batches of `layout` (counted in the sampler's examples: a preference pair is
+        two rows), with the reference's log-probs queued where the objective reads them."""
+        found = [] if local is None else micro_batches(local, layout.micro_batch * self.objective.rows_per_example)
+        self.objective.begin_step()
+        if self.reference is not None:
+            self.reference.run(found)
+        return found
+
     def record(self, step: int) -> dict:
-        return {"global_batch_size": self.sizes.size(step - 1), "micro_batch_size": self.layout.forward_batch}
+        """The step's batch sizes, and the objective's own metrics (its sums reduced over ranks, divided once)."""
+        out = {"global_batch_size": self.sizes.size(step - 1), "micro_batch_size": self.layout.forward_batch}
+        names = self.objective.metric_names
+        if names:
+            sums = self.objective.metric_sums()
+            sums = self.strategy.reduce_mean(torch.zeros(len(names) + 1, dtype=torch.float64,
+                                                         device=self.strategy.device) if sums is None else sums)
+            out.update(zip(names, (sums[:-1] / sums[-1].clamp(min=1)).tolist()))
+        return out
 
     def plan(self, layout) -> None:
         """Let the strategy make ready for batches of this layout, where it differs from the last one's."""
@@ -76,8 +94,7 @@ class StepBatches:
             self.plan(layout)
             failed = None
             try:
-                loss = s.forward_backward([] if local is None else micro_batches(local, layout.micro_batch),
-                                          self.objective)
+                loss = s.forward_backward(self.micro_batches(local, layout), self.objective)
                 faults.inject("oom", step, micro=layout.forward_batch)
             except torch.OutOfMemoryError as e:
                 if not self.retry:

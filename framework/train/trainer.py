@@ -7,7 +7,7 @@ import torch
 
 from framework.checkpoint.manager import CheckpointManager
 from framework.config.schema import Config
-from framework.data.batches import build_samplers, micro_batches
+from framework.data.batches import build_samplers
 from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.metrics.compile_stats import CompileWatch
@@ -18,7 +18,7 @@ from framework.metrics.samples import TextSampler
 from framework.metrics.schedule import plan_step
 from framework.metrics.step_records import StepRecords
 from framework.models.factory import ModelFactory
-from framework.objectives.registry import objective_named
+from framework.objectives.registry import objective_of
 from framework.optim.factory import OptimizerFactory
 from framework.optim.schedulers import build_scheduler
 from framework.runtime import faults
@@ -26,6 +26,7 @@ from framework.runtime.elastic import group_continues
 from framework.runtime.preemption import PreemptionWatch
 from framework.runtime.watchdog import StallWatchdog
 from framework.train.nonfinite import NonFiniteLoss
+from framework.train.reference import ReferencePass
 from framework.train.step_batches import StepBatches
 from framework.train.task_scores import TaskScores
 
@@ -37,7 +38,7 @@ class Trainer:
         self.on_record = on_record      # every rank's view of each metrics record (framework.train.worker.run_worker)
         self.run_dir = strategy.run_dir = run_dir   # strategies that write files of their own put them here
         t = cfg.trainer
-        self.objective = objective_named()
+        self.objective = objective_of(cfg)
         self.batches = StepBatches(cfg, strategy, self.objective)
         self.task_scores = TaskScores(cfg, strategy, self.batches)
         self.train_data, self.val_data = build_samplers(cfg.data, self.batches.sizes, cfg.seed,
@@ -53,8 +54,7 @@ class Trainer:
     def _local_micro_batches(self, sampler, step: int):
         """A batch of the final global size (evaluation, samples), as micro-batches."""
         self.batches.plan(self.batches.layout)
-        local = self._local_batch(sampler, step)
-        return [] if local is None else micro_batches(local, self.batches.layout.micro_batch)
+        return self.batches.micro_batches(self._local_batch(sampler, step), self.batches.layout)
 
     def evaluate(self) -> float:
         losses = []
@@ -73,6 +73,7 @@ class Trainer:
         model_factory = ModelFactory(cfg)
         s.setup(model_factory, OptimizerFactory(cfg.optimizer, model_factory.spec.output_heads()),
                 lambda opt: build_scheduler(opt, cfg.scheduler, t.max_steps))
+        self.batches.reference = ReferencePass(cfg, s, self.objective, model_factory)
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)
         self.step = checkpoints.resume(continues, announce=s.is_main)     # 0: nothing to resume

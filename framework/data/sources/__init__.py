@@ -20,6 +20,7 @@ SOURCES: dict[str, str] = {
     "parquet": "framework.data.sources.parquet:Parquet",
     "datasets": "framework.data.sources.datasets:Datasets",
     "chat": "framework.data.sources.chat:Chat",
+    "preference": "framework.data.sources.preference:Preference",
 }
 
 

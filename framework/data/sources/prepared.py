@@ -48,6 +48,8 @@ class PreparedSource(Source):
     vocab_from_data = True
     #: only chat records (True), or text documents or chat records as the first record says (False)
     chat_only = False
+    #: preference records (prompt, chosen, rejected), each written as two examples (framework/data/pairs.py)
+    pairs = False
 
     def expand(self, inputs: list[str]) -> list[str]:
         """The inputs prepare reads (files, directories and globs expanded)."""
@@ -98,9 +100,11 @@ class PreparedSource(Source):
                 manifest = prepare([data_cfg.path], data_cfg.tokenizer, out, data_cfg.text_key,
                                    workers=max(1, min(8, (os.cpu_count() or 2) - 1)),
                                    chat=ChatOptions(data_cfg.chat_template, data_cfg.train_on), source=self,
-                                   split=data_cfg.split, chat_only=self.chat_only)
-                print(f"prepared {data_cfg.path} into {out}: {manifest['tokens']} tokens, {manifest['documents']} "
-                      f"{'conversations' if manifest.get('loss_mask') else 'documents'}", file=sys.stderr)
+                                   split=data_cfg.split, chat_only=self.chat_only, pairs=self.pairs)
+                kind = ("pairs" if self.pairs else "conversations" if manifest.get("loss_mask") else "documents")
+                count = manifest["documents"] // 2 if self.pairs else manifest["documents"]
+                print(f"prepared {data_cfg.path} into {out}: {manifest['tokens']} tokens, {count} {kind}",
+                      file=sys.stderr)
             except MissingRenderer as e:    # the tokenizer's own template, found on reading chat records
                 raise ConfigError(f"data.{e.option}", str(e)) from None
             except (DocumentError, TokenizerError) as e:
