@@ -9,13 +9,14 @@ layout: no token scaling (framework/models/loss.py's global_batch) applies. The 
 over pairs here and divided once, after the trainer reduces the sums over ranks.
 
 The reference model's per-row log-probs come from a pass without gradient over the same micro-batches just
-before the step's (framework/train/reference.py): `reference_fn` queues them in micro-batch order and `loss`
-takes them in the same order, on the same thread (the pattern of framework/models/loss.py's deferred head).
+before the step's (framework/train/reference.py): `reference_fn` lists them in micro-batch order and `loss`
+reads them in the same order, on the same thread (the pattern of framework/models/loss.py's deferred head),
+starting over after the last: a pass of the step's micro-batches before the training one (a model's batch
+statistics, MoE's) reads the same values again. Only the passes with gradient add to the metrics.
 """
 from __future__ import annotations
 
 import abc
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +47,8 @@ class PreferenceObjective(Objective):
 
     def __init__(self, options=None):
         super().__init__(options)
-        self.reference: deque = deque()
+        self.reference: list[torch.Tensor] = []
+        self._read = 0
         self._sums: torch.Tensor | None = None
 
     def begin_step(self) -> None:
@@ -54,18 +56,25 @@ class PreferenceObjective(Objective):
 
     def forget_reference(self) -> None:
         self.reference.clear()
+        self._read = 0
+
+    def _next_reference(self) -> torch.Tensor:
+        found = self.reference[self._read]
+        self._read = (self._read + 1) % len(self.reference)
+        return found
 
     def reference_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The reference pass's loss_fn: queues the micro-batch's [pairs, 2] log-probs, returns 0."""
+        """The reference pass's loss_fn: lists the micro-batch's [pairs, 2] log-probs, returns 0."""
         logps, _ = pair_logps(output, targets)
         self.reference.append(logps.detach())
         return logps.new_zeros(())
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logps, counts = pair_logps(output, targets)
-        reference = self.reference.popleft() if self.needs_reference else None
+        reference = self._next_reference() if self.needs_reference else None
         per_pair, metrics = self.pair_losses(logps, counts, reference)
-        self._add(metrics, len(per_pair))
+        if torch.is_grad_enabled():
+            self._add(metrics, len(per_pair))
         return per_pair.mean()
 
     @abc.abstractmethod

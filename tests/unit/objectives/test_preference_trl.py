@@ -109,12 +109,13 @@ def framework_pass(objective, policy, reference, rows, pairs_per_micro_batch):
     """What a step runs: the reference's pass queueing its log-probs, then the loss of each micro-batch; the mean
     over micro-batches and the objective's metrics (its sums divided once)."""
     objective.begin_step()
+    objective.forget_reference()
     batches = micro_batches(rows, 2 * pairs_per_micro_batch)
-    with torch.no_grad():
-        if reference is not None:
+    if reference is not None:
+        with torch.no_grad():
             for inputs, targets in batches:
                 objective.reference_fn(reference(input_ids=inputs).logits, targets)
-        losses = [objective(policy(input_ids=inputs).logits, targets) for inputs, targets in batches]
+    losses = [objective(policy(input_ids=inputs).logits, targets).detach() for inputs, targets in batches]
     sums = objective.metric_sums()
     return float(torch.stack(losses).mean()), dict(zip(objective.metric_names, (sums[:-1] / sums[-1]).tolist()))
 
