@@ -35,7 +35,17 @@ def objective_named(name: str = DEFAULT, options=None) -> Objective:
     return objective_class(name)(options)
 
 
+def class_of(cfg) -> type[Objective]:
+    """The job's objective's class (what the planner and validation read)."""
+    options = cfg.get("objective")
+    return objective_class(options.name if options is not None else DEFAULT)
+
+
 def objective_of(cfg) -> Objective:
     """The job's objective, built with its `objective.*` keys."""
-    options = cfg.get("objective")
-    return objective_named(options.name if options is not None else DEFAULT, options)
+    return class_of(cfg)(cfg.get("objective"))
+
+
+def frozen_reference(cfg) -> bool:
+    """Whether the job holds a frozen copy of the model as its objective's reference (no LoRA to switch off)."""
+    return class_of(cfg).needs_reference and not cfg.lora.enabled

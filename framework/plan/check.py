@@ -80,8 +80,8 @@ def refuse_if_it_cannot_fit(cfg: Config, launcher_world: int, validate) -> Plan 
     if not plan.refused:
         return plan
     need = plan.per_rank_bytes
-    parts = ", ".join(f"{k} {need[k] / GIB:.1f}" for k in ("params", "grads", "optimizer", "master",
-                                                          "activations", "buffers") if need[k])
+    parts = ", ".join(f"{k} {need[k] / GIB:.1f}" for k in ("params", "grads", "optimizer", "master", "reference",
+                                                          "activations", "buffers") if need.get(k))
     fix = cheapest_fit(cfg, world, device, per_node, validate)
     hint = f"the cheapest change that fits: {fix}" if fix else "no single change fits: add devices"
     raise ConfigError("planner", f"the most loaded rank needs {need['total'] / GIB:.1f} GiB ({parts}) but one "

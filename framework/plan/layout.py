@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from framework.objectives.registry import class_of
 from framework.parallel.batch_layout import batch_layout
 from framework.strategies.registry import strategy_class
 
@@ -113,7 +114,8 @@ class Layout:
 
 
 def layout_of(cfg: Config, world_size: int) -> Layout:
-    """The layout of a validated config (micro_batch_size filled in) on `world_size` processes."""
+    """The layout of a validated config (micro_batch_size filled in) on `world_size` processes; its micro-batch
+    in sequences (a preference pair is two)."""
     p = cfg.parallel
     name = p.name
     traits = strategy_class(name)
@@ -127,7 +129,7 @@ def layout_of(cfg: Config, world_size: int) -> Layout:
         sequence_parallel=bool(p.get("sequence_parallel", False)) and tp > 1,
         pp_schedule=p.get("pp_schedule", "1F1B"), pp_microbatches=batch.pipeline_microbatches, virtual_stages=virtual,
         ac=cfg.activation_checkpointing.mode, ac_every=cfg.activation_checkpointing.every_n_layers,
-        micro_batch=batch.forward_batch, accumulation=batch.accumulation,
+        micro_batch=batch.forward_batch * class_of(cfg).rows_per_example, accumulation=batch.accumulation,
         seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp,
         ep=p.get("ep", 1) if "ep" in traits.model_parallel_dims else 1,
         float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise",

@@ -3,9 +3,10 @@ quantities the job measures (`param_bytes`, `grad_bytes`, `optim_state_bytes`, `
 in metrics.jsonl), computed from shapes and the rules each strategy's library follows."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from framework.objectives.registry import frozen_reference
 from framework.plan.layout import Layout
 from framework.plan.shapes import ParamShape, meta_model
 
@@ -27,10 +28,13 @@ class ModelStates:
     # and made during backward, as the activations they replace are freed
     grads_whole_step: bool = False
     step_scratch: int = 0       # what a foreach Adam step allocates on a GPU: sqrt(v), one fp32 per element
+    # a preference objective's frozen reference model, laid out as the parameters are (0: none, or LoRA's base
+    # with the adapters off, which is no copy)
+    reference: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.master
+        return self.params + self.grads + self.optimizer + self.master + self.reference
 
 
 # torchao's low-bit AdamW: bits a value, and the bytes of the quantisation map each quantised state holds
@@ -170,5 +174,7 @@ def model_states(cfg: Config, layout: Layout, shapes: list[ParamShape]) -> Model
     """The model states of the rank holding `shapes` (the first rank of its tp and data-parallel groups)."""
     if layout.sharding == "flat":
         threshold = layout.traits.flat_sizes(cfg)["persistence_threshold"]
-        return deepspeed_model_states(shapes, layout, OptimizerKind.of(cfg.optimizer), threshold)
-    return torch_model_states(shapes, layout, optimizer_groups(cfg, shapes))
+        states = deepspeed_model_states(shapes, layout, OptimizerKind.of(cfg.optimizer), threshold)
+    else:
+        states = torch_model_states(shapes, layout, optimizer_groups(cfg, shapes))
+    return replace(states, reference=states.params) if frozen_reference(cfg) else states

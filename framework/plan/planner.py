@@ -259,7 +259,7 @@ def make_plan(cfg: Config, world_size: int, device: Device, gpus_per_node: int, 
         held, recompute = _activations(cfg, layout, pp_rank, kernel)
         buffers = _buffers(cfg, layout, shapes, recompute, vocab)
         per_rank = {"params": states.params, "grads": states.grads, "optimizer": states.optimizer,
-                    "master": states.master, "activations": held, "buffers": buffers,
+                    "master": states.master, "reference": states.reference, "activations": held, "buffers": buffers,
                     "offloaded": states.offloaded}
         scratch = 0 if device.cores else states.step_scratch     # a CPU Adam steps tensor by tensor
         per_rank.update(peak_bytes(states, layout, held + buffers, scratch))

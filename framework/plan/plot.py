@@ -8,7 +8,7 @@ from framework.errors import ConfigError
 from framework.plan.planner import Plan
 from framework.plan.report import GIB
 
-MEMORY_PARTS = ("params", "grads", "optimizer", "master", "activations", "buffers", "step_scratch")
+MEMORY_PARTS = ("params", "grads", "optimizer", "master", "reference", "activations", "buffers", "step_scratch")
 
 
 def plot(plan: Plan, out: Path) -> None:

@@ -24,6 +24,8 @@ def table(plan: Plan) -> str:
     lines += ["", "per-rank memory (most loaded rank)"]
     for key in ("params", "grads", "optimizer", "master", "activations", "buffers"):
         lines.append(f"  {key:<12} {_size(m[key]):>12}")
+    if m.get("reference"):
+        lines.append(f"  {'reference':<12} {_size(m['reference']):>12}  the objective's frozen reference model")
     if m.get("offloaded"):
         lines.append(f"  {'(host)':<12} {_size(m['offloaded']):>12}  offloaded, not counted below")
     if m.get("step_scratch"):

@@ -189,11 +189,14 @@ class Strategy(StrategyTraits, abc.ABC):
         """Bytes of parameters, gradients and optimizer states that this rank actually holds."""
         params = list(self.model.parameters())
         state = [t for s in self.optimizer_states() for t in s.values() if isinstance(t, torch.Tensor)]
-        return {
+        out = {
             "param_bytes": sum(local_bytes(p) for p in params),
             "grad_bytes": self._grad_bytes,
             "optim_state_bytes": sum(local_bytes(t) for t in state),
         }
+        if self.reference_model is not None:
+            out["reference_bytes"] = sum(local_bytes(p) for p in self.reference_model.parameters())
+        return out
 
     def optimizer_states(self):
         return self.optimizer.state.values()

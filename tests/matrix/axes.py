@@ -3,6 +3,7 @@ fields and model families from tests/matrix/crossed.py:
 
 - `parallel`: the strategy registry; `zero`, `precision`: the option files of their config groups;
 - `model`: the model spec registry, each family at its smallest member (crossed.SMALLEST);
+- `objective`: the objective registry, each with the data it trains on (crossed.objective_overrides);
 - every field of crossed.CROSSED, whose first value is what a job gets where the matrix does not set it.
 """
 from __future__ import annotations
@@ -12,8 +13,10 @@ from pathlib import Path
 
 from framework.config.paths import CONFIG_DIR
 from framework.models.spec import SPECS
+from framework.objectives.registry import DEFAULT as DEFAULT_OBJECTIVE
+from framework.objectives.registry import OBJECTIVES
 from framework.strategies.registry import STRATEGIES
-from tests.matrix.crossed import CROSSED, SMALLEST, smallest_overrides
+from tests.matrix.crossed import CROSSED, SMALLEST, objective_overrides, smallest_overrides
 
 #: config groups crossed by their option files
 GROUPS = ("zero", "precision")
@@ -29,6 +32,8 @@ class Axis:
         """The command-line overrides that give this axis `value`."""
         if self.key == "model":
             return smallest_overrides(value, scratch)
+        if self.key == "objective":
+            return objective_overrides(value, scratch)
         if self.is_group:
             return [f"{self.key}={value}"]
         return [f"{self.key}={_yaml(value)}"]
@@ -53,6 +58,7 @@ def discover(scratch: str) -> list[Axis]:
     smallest member may write a file it needs."""
     axes = [Axis("parallel", tuple(STRATEGIES), is_group=True),
             Axis("model", tuple(n for n in SPECS if n in SMALLEST), is_group=True),
+            Axis("objective", tuple(sorted(OBJECTIVES, key=lambda o: (o != DEFAULT_OBJECTIVE, o))), is_group=True),
             *(Axis(group, _ordered(group), is_group=True) for group in GROUPS),
             *(Axis(key, values) for key, values in sorted(CROSSED.items()))]
     return sorted(axes, key=lambda a: -len(a.values))

@@ -67,8 +67,13 @@ _FAMILY = "a mode of one family's own model (moe): the family is crossed at its 
 #: config path -> why the matrix does not cross it
 NOT_CROSSED: dict[str, str] = {
     **dict.fromkeys(("parallel", "parallel.name", "zero.stage", "precision.name", "precision.param_dtype", "model",
-                     "model._target_"), _GROUP),
+                     "model._target_", "objective", "objective.name"), _GROUP),
     **dict.fromkeys(("optimizer", "optimizer._target_"), _OPTIMIZER_CLASS),
+    **dict.fromkeys(("objective.beta", "objective.gamma", "objective.label_smoothing"),
+                    "a preference objective's numbers: each objective is crossed (objective=), its constants are "
+                    "not modes; tests/unit/objectives holds them to TRL"),
+    "objective.loss_type": ("objective=dpo's loss on the same log-probs (sigmoid, ipo, hinge), each held to TRL's "
+                            "by tests/unit/objectives; every one reads the log-probs the crossed layouts compute"),
     **dict.fromkeys(("optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.foreach", "optimizer.momentum",
                      "optimizer.nesterov", "optimizer.weight_decay", "optimizer.ns_steps", "optimizer.adjust_lr_fn",
                      "optimizer.adamw_lr", "optimizer.adamw_betas", "optimizer.adamw_eps", "optimizer.block_size"),
@@ -87,7 +92,8 @@ NOT_CROSSED: dict[str, str] = {
     "checkpoint.resume": _RESUME,
     **dict.fromkeys(("data.cache_dir", "data.name", "data.path", "data.prepared", "data.sources", "data.split",
                      "data.text_key", "data.tokenizer", "data.eos_id", "data.chat_template", "data.dtype"), _PATH),
-    **dict.fromkeys(("data.seq_len", "data.vocab_size", "data.num_tokens", "data.val_fraction"), _SIZE),
+    **dict.fromkeys(("data.seq_len", "data.vocab_size", "data.num_tokens", "data.val_fraction",
+                     "data.max_prompt_length"), _SIZE),
     "data.source": "the reader of the tokens: every source yields the same token streams to the same samplers",
     **dict.fromkeys(("data.overlong", "data.packing", "data.train_on"),
                     "instruction (chat) data only: how its examples fill rows and which tokens train; the matrix "
@@ -182,6 +188,18 @@ SMALLEST = {
     "hf": _hf_smallest,
     "moe": ["model=moe_tiny", "model.n_layers=4"],
 }
+
+
+def objective_overrides(name: str, scratch_dir: str) -> list[str]:
+    """An objective, with the data it trains on: a preference objective takes the shipped pairs (tiny_prefs.jsonl,
+    ChatML conversations of ~80 byte tokens: rows of 64 + 1 keep every prompt and part of each answer), prepared
+    once into the matrix's scratch dir."""
+    from framework.data.assets import path
+    from framework.objectives.registry import objective_class
+    if objective_class(name).rows_per_example == 1:
+        return [f"objective={name}"]
+    return [f"objective={name}", "data=preference", f"data.path={path('tiny_prefs.jsonl')}", "data.tokenizer=bytes",
+            "data.chat_template=chatml", "data.seq_len=64", f"data.cache_dir={os.path.join(scratch_dir, 'prepared')}"]
 
 
 def smallest_overrides(family: str, scratch_dir: str) -> list[str]:

@@ -22,7 +22,7 @@ MID_RUN = (f"checkpoint.interval={RESUME_STEP}",)
 RESUME_FROM = step_dir_name(RESUME_STEP)
 #: what a reference keeps of its job: what is trained (the model) and in what arithmetic (the precision);
 #: every other option is how, and must not change the result beyond its parity tolerance
-REFERENCE_KEYS = ("model", "precision", "precision.float8_emulate", "precision.float8_recipe", "lora.enabled",
+REFERENCE_KEYS = ("model", "objective", "precision", "precision.float8_emulate", "precision.float8_recipe", "lora.enabled",
                   "lora.dora", "lora.base_dtype", "data.document_mask", "trainer.rampup_batch_size")
 
 

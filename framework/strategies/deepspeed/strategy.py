@@ -6,6 +6,8 @@ on its CPU accelerator over gloo. deepspeed is imported only inside the workers 
 """
 from __future__ import annotations
 
+import contextlib
+
 import importlib.util
 import math
 import os
@@ -64,6 +66,7 @@ class DeepSpeedTraits(StrategyTraits):
     zero_shards = {1: frozenset({"optimizer", "grads"})}
     reduces_every_micro_batch = True
     machinery = 4
+    frozen_reference = True
 
     @classmethod
     def flat_sizes(cls, cfg: Config) -> dict[str, int]:
@@ -171,6 +174,31 @@ class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
         self.model = self.engine
         self.dtype = compute_dtype(self.cfg.precision.name)
 
+    def build_reference(self, model_factory) -> None:
+        """The initial model in an engine of its own with the policy's ZeRO config and no optimizer (TRL's
+        prepare_deepspeed): at zero=stage3 its parameters are partitioned over the ranks as the policy's are."""
+        import deepspeed
+        config = {k: v for k, v in self.ds_config.items() if k not in ("optimizer", "scheduler")}
+        zero = dict(config.get("zero_optimization", {}))
+        zero.pop("offload_optimizer", None)         # no optimizer to offload
+        config["zero_optimization"] = zero
+        model = self._build_model(model_factory).requires_grad_(False)
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        engine.eval()           # DeepSpeedEngine.eval returns None, not the engine
+        self.reference_model = engine
+
+    @contextlib.contextmanager
+    def reference(self):
+        if self.reference_model is None:
+            yield
+            return
+        policy = self.engine
+        self.engine = self.model = self.reference_model
+        try:
+            yield
+        finally:
+            self.engine = self.model = policy
+
     def _build_model(self, model_factory) -> torch.nn.Module:
         """ZeRO-3 partitions each module's parameters as it is constructed (deepspeed.zero.Init), so no rank
         holds the whole model; a spec that initialises by name then fills each rank's partitions one
@@ -254,8 +282,8 @@ class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
         return self.engine.module
 
     # ---- memory: what this rank really holds ----------------------------------------------
-    def _param_tensors(self):
-        for p in self.engine.module.parameters():
+    def _param_tensors(self, engine=None):
+        for p in (engine or self.engine).module.parameters():
             yield p.data
             if hasattr(p, "ds_tensor"):     # ZeRO-3: the local partition; p.data is empty unless gathered
                 yield p.ds_tensor
@@ -292,6 +320,8 @@ class DeepSpeedStrategy(DeepSpeedTraits, Strategy):
             "grad_bytes": self._grad_bytes,
             "optim_state_bytes": sum(local_bytes(t) for t in state),
             "master_param_bytes": sum(local_bytes(t) for t in masters),
+            **({"reference_bytes": sum(local_bytes(t) for t in self._param_tensors(self.reference_model) if t.numel())}
+               if self.reference_model is not None else {}),
         }
 
     # ---- checkpoints: DeepSpeed's own format, one step directory --------------------------
