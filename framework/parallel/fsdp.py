@@ -48,3 +48,12 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: boo
     # at once (torch's own choice for a root); a chunked loss (model.loss_chunk_tokens) runs the head then.
     fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     return model
+
+
+def reshard(model: nn.Module) -> None:
+    """Free what FSDP2 gathered and still holds: a forward without a backward after it (a model only read, such as
+    a preference objective's reference) leaves the root's parameters, which reshard only after backward, whole."""
+    from torch.distributed.fsdp import FSDPModule
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

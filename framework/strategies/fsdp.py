@@ -9,6 +9,7 @@ device and each rank materialises only its shards.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 
@@ -55,7 +56,15 @@ class UnitSharded:
 
 class UnitShardedStep:
     """The runtime of a strategy whose units gather float8 weights: each optimizer step ends by computing their
-    next scales at once."""
+    next scales at once; a reference model read without backward gives back what it gathered."""
+
+    @contextlib.contextmanager
+    def reference(self):
+        with super().reference():
+            yield
+        if self.reference_model is not None:
+            from framework.parallel.fsdp import reshard
+            reshard(self.reference_model)
 
     def optimizer_step(self, max_grad_norm: float):
         grad_norm = super().optimizer_step(max_grad_norm)
