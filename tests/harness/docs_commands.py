@@ -51,6 +51,7 @@ PAGES = {
     "docs/how-to/fine-tuning.md": "tests/docs/test_docs_fine_tuning.py",
     "docs/how-to/moe.md": "tests/docs/test_how_to_moe.py",
     "docs/how-to/object-storage.md": "tests/docs/test_docs_object_storage.py",
+    "docs/how-to/preference.md": "tests/docs/test_docs_preference.py",
     "docs/how-to/ray.md": "tests/docs/test_docs_ray.py",
 }
 
