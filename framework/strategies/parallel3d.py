@@ -197,8 +197,9 @@ class Parallel3DTraits(UnitSharded, TorchTraits):
             raise ConfigError(fixed_width[0], "needs rows of one width (a pipeline's stages pass activations of the "
                                               "shape they inferred first; context and sequence parallelism split each "
                                               "row's positions evenly), and data.packing=false pads each micro-batch "
-                                              "to its own longest row; set data.packing=true or "
-                                              f"{fixed_width[0]}={'false' if 'sequence' in fixed_width[0] else 1}")
+                                              "to its own longest row; set "
+                                              f"{fixed_width[0]}={'false' if 'sequence' in fixed_width[0] else 1}, or "
+                                              "data.packing=true where the data packs (preference pairs do not)")
         if p.sequence_parallel and cfg.data.seq_len % dims.tp:
             raise ConfigError("data.seq_len", f"sequence parallelism splits {cfg.data.seq_len} positions among "
                                               f"parallel.tp={dims.tp} ranks: not divisible")

@@ -163,11 +163,12 @@ NOT_CROSSED: dict[str, str] = {
 
 
 def _hf_smallest(scratch_dir: str) -> list[str]:
-    """A fresh transformers Llama of four tiny blocks, from a config.json written into scratch_dir."""
+    """A fresh transformers Llama of four tiny blocks, from a config.json written into scratch_dir: a vocabulary
+    that holds byte tokens and ChatML's (the preference objectives' data)."""
     from framework.models.hf.model import require_transformers
     config = require_transformers().LlamaConfig(
         hidden_size=32, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=256, max_position_embeddings=256, tie_word_embeddings=False)
+        vocab_size=320, max_position_embeddings=256, tie_word_embeddings=False)
     path = os.path.join(scratch_dir, "hf_smallest")
     if not os.path.isfile(os.path.join(path, "config.json")):
         # written whole, then renamed: a job already reading it (the matrix composes while its sweep runs) never
