@@ -1,0 +1,93 @@
+"""DPO jobs end to end on the pairs the package ships: a resume from step 2 replays steps 3 and 4 exactly (the
+reference is built again from the initial weights, never read from the checkpoint), losses and TRL's reward
+metrics included; fsdp x2 (the reference sharded as the policy) gives single's; and the reference's memory, as
+planned and as measured: a frozen copy costs a model's parameters (reference_bytes, and the peak resident set
+against SimPO's, which has no reference, on a model large enough to see it), LoRA's base with the adapters off
+costs nothing of the kind. Layouts and options crossed with each objective are the combination matrix's
+(tests/matrix: objective=dpo and simpo with every strategy, LoRA, precision, checkpointing)."""
+import pytest
+from omegaconf import OmegaConf
+
+from framework.data.assets import path as asset_path
+from framework.objectives.preference import REWARD_METRICS
+from tests.harness.helpers import FAST, check_ok, read_metrics, run_framework
+from tests.harness.parity import assert_series_parity
+
+STEPS = 4
+
+
+def _pairs(root):
+    return ["data=preference", f"data.path={asset_path('tiny_prefs.jsonl')}", "data.tokenizer=bytes",
+            "data.chat_template=chatml", "data.seq_len=64", f"data.cache_dir={root / 'cache'}",
+            "trainer.global_batch_size=4", "trainer.micro_batch_size=1", f"trainer.max_steps={STEPS}"]
+
+
+#: a model whose frozen copy (~50 MB) stands out of a CPU process's resident-set noise (a few MB)
+WIDE = ["model.dim=512", "model.n_layers=4", "model.n_heads=8", "model.n_kv_heads=8", "trainer.max_steps=2",
+        "trainer.global_batch_size=2"]
+LORA = ["lora.enabled=true", "lora.rank=4"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pref")
+    base = [*FAST, *_pairs(root), "objective=dpo"]
+    out = {name: root / name for name in ("single", "resumed", "fsdp", "dpo", "simpo", "lora_dpo", "lora_simpo")}
+    check_ok(run_framework([*base, "checkpoint.enabled=true", "checkpoint.interval=2"], out["single"]))
+    check_ok(run_framework([*base, "checkpoint.enabled=true", "checkpoint.interval=2",
+                            f"checkpoint.resume={out['single'] / 'checkpoints' / 'step_00000002'}"], out["resumed"]))
+    check_ok(run_framework([*base, "parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=2"], out["fsdp"]))
+    for name, objective, lora in (("dpo", "dpo", []), ("simpo", "simpo", []), ("lora_dpo", "dpo", LORA),
+                                  ("lora_simpo", "simpo", LORA)):
+        check_ok(run_framework([*FAST, *_pairs(root), *WIDE, f"objective={objective}", *lora], out[name]))
+    return out
+
+
+def _series(run_dir, key, steps=None):
+    return [r[key] for r in read_metrics(run_dir) if steps is None or r["step"] in steps]
+
+
+def test_a_resume_replays_the_losses_and_rewards_exactly(runs):
+    resumed = read_metrics(runs["resumed"])
+    assert [r["step"] for r in resumed] == [3, 4]
+    for key in ("loss", "grad_norm", *REWARD_METRICS):
+        assert _series(runs["resumed"], key) == _series(runs["single"], key, {3, 4}), key
+    assert _series(runs["single"], "rewards/margins")[-1] != 0
+
+
+def test_fsdp_gives_singles_losses_and_rewards(runs):
+    for key in ("loss", "grad_norm", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+        assert_series_parity(key, _series(runs["fsdp"], key), _series(runs["single"], key), "fp32-distributed")
+    # a reward is beta times a difference of two log-probs of ~100: its error is theirs (1e-5 of them), not its own
+    scale = 0.1 * max(abs(v) for v in _series(runs["single"], "logps/chosen"))
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        for a, b in zip(_series(runs["fsdp"], key), _series(runs["single"], key)):
+            assert abs(a - b) <= 1e-5 * scale, (key, a, b)
+
+
+def _planned_reference(run_dir) -> int:
+    from framework.plan.layout import layout_of
+    from framework.plan.model_states import model_states
+    from framework.plan.shapes import rank_parameters
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    layout = layout_of(cfg, read_metrics(run_dir)[-1]["world_size"])
+    return model_states(cfg, layout, rank_parameters(cfg, layout, pp_rank=0)).reference
+
+
+@pytest.mark.parametrize("name", ["single", "fsdp", "dpo"])
+def test_a_frozen_reference_is_the_models_parameters_as_planned(runs, name):
+    last = read_metrics(runs[name])[-1]
+    assert last["reference_bytes"] == last["param_bytes"] == _planned_reference(runs[name])
+
+
+def test_a_lora_reference_is_the_base_with_adapters_off_costing_no_copy(runs):
+    copy = read_metrics(runs["dpo"])[-1]["reference_bytes"]
+    assert copy > 40e6
+    peak = {name: max(r["memory_gb"] for r in read_metrics(runs[name])) * 2**30
+            for name in ("dpo", "simpo", "lora_dpo", "lora_simpo")}
+    # the frozen copy shows in the peak, within the resident set's noise
+    assert 0.7 * copy < peak["dpo"] - peak["simpo"] < 1.3 * copy, (peak, copy)
+    # LoRA's reference is the same weights: no copy planned, none built, no copy's worth in the peak
+    assert _planned_reference(runs["lora_dpo"]) == 0 and "reference_bytes" not in read_metrics(runs["lora_dpo"])[-1]
+    assert peak["lora_dpo"] - peak["lora_simpo"] < 0.2 * copy, (peak, copy)
+    assert read_metrics(runs["lora_dpo"])[-1]["rewards/margins"] != 0     # the adapters moved it off the base
