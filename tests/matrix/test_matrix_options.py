@@ -7,6 +7,7 @@ import typing
 from framework.config.schema import (AdamWConfig, AutoParallelConfig, Config, LowBitAdamWConfig, MuonConfig, SGDConfig,
                                      WSDConfig)
 from framework.models.spec import SPECS, spec_named
+from framework.objectives.registry import OBJECTIVES, objective_class
 from framework.strategies.registry import STRATEGIES, strategy_class
 from tests.matrix.crossed import CROSSED, NOT_CROSSED, SMALLEST
 
@@ -39,6 +40,8 @@ def schema_fields() -> dict:
         schema = spec_named(name).config_schema()
         if schema is not None:
             _fields(schema, "model.", found)
+    for name in OBJECTIVES:
+        _fields(objective_class(name).options, "objective.", found)
     return found
 
 
