@@ -67,3 +67,15 @@ def test_the_user_sees_the_line_and_exit_code_2(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (f"error: data.path: {path}:2: 'chosen' and 'rejected' are "
                                                     f"identical; the pair teaches nothing")
     assert "Traceback" not in proc.stderr
+
+
+def test_the_llama3_8b_dpo_recipe_is_admitted_on_its_node(compose_config, monkeypatch, tmp_path):
+    """The recipe as a torchrun rank of its 8-GPU node sees it (the shipped pairs and byte tokens stand in for the
+    user's, the planner's device check for the GPUs this host lacks)."""
+    from framework.launch import admission
+    for name, value in (("TORCHELASTIC_RUN_ID", "test"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "8")):
+        monkeypatch.setenv(name, value)
+    cfg = compose_config(["+recipe=llama3_8b_dpo", f"data.path={asset_path('tiny_prefs.jsonl')}", "data.tokenizer=bytes",
+                          "data.chat_template=chatml", f"data.cache_dir={tmp_path / 'cache'}", "planner.check=false"])
+    _, world, _ = admission.admit(cfg, explicit=set())
+    assert world == 8 and cfg.lora.enabled and cfg.objective.name == "dpo"
