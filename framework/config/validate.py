@@ -25,8 +25,8 @@ from framework.evaluation.rules import validate_eval
 from framework.metrics.rules import validate_logging, validate_profile, validate_sampling
 from framework.models.rules import importable, validate_lora, validate_model
 from framework.models.spec import spec_for
-from framework.optim.rules import validate_optimizer, validate_optimizer_extra
 from framework.objectives.rules import validate_objective
+from framework.optim.rules import validate_optimizer, validate_optimizer_extra
 from framework.parallel.activation_checkpointing import check_mode as check_ac_mode
 from framework.runtime import determinism
 from framework.runtime.devices import check_visible_gpus
