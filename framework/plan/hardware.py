@@ -127,30 +127,31 @@ def detected_device() -> Device | None:
     return Device(key, memory, dict(peaks), row[2], row[3], row[4], row[5], torch_device="cuda")
 
 
+def _best_rate(work: float, op, windows: int, window_s: float) -> float:
+    """`work` per call of `op`, per second, in the fastest of `windows` short windows: the machine's own rate,
+    not a share another process took (on a busy host one long window reads the load, not the peak)."""
+    op()
+    best = 0.0
+    for _ in range(windows):
+        start, reps = time.perf_counter(), 0
+        while time.perf_counter() - start < window_s:
+            op()
+            reps += 1
+        best = max(best, work * reps / (time.perf_counter() - start))
+    return best
+
+
 @lru_cache(maxsize=1)
 def measured_cpu() -> Device:
     """This host: fp32 matmul FLOP/s over the threads one worker gets, memory copy bandwidth."""
     n = 512
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    start, reps = time.perf_counter(), 0
-    while time.perf_counter() - start < 0.2:
-        a @ b
-        reps += 1
-    flops = 2 * n ** 3 * reps / (time.perf_counter() - start)
+    flops = _best_rate(2 * n ** 3, lambda: a @ b, windows=8, window_s=0.025)
     x = torch.empty(16 * 1024 * 1024 // 4)
     y = torch.empty_like(x)
-    start, reps = time.perf_counter(), 0
-    while time.perf_counter() - start < 0.1:
-        y.copy_(x)
-        reps += 1
-    copy_bw = x.numel() * 4 * reps / (time.perf_counter() - start)
+    copy_bw = _best_rate(x.numel() * 4, lambda: y.copy_(x), windows=5, window_s=0.02)
     small = torch.ones(8)
-    start, reps = time.perf_counter(), 0
-    while time.perf_counter() - start < 0.05:
-        small.add(small)
-        reps += 1
-    op_overhead = (time.perf_counter() - start) / reps
+    op_overhead = 1 / _best_rate(1, lambda: small.add(small), windows=5, window_s=0.01)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     # bf16 matmuls on a CPU without AMX run several times slower than fp32
     peaks = {"fp32": flops, "tf32": flops, "bf16": flops / 4, "fp16": flops / 4}
