@@ -152,6 +152,18 @@ def s3_env():
     server.stop()
 
 
+@pytest.fixture
+def s3_here(s3_env, monkeypatch):
+    """This process reaches the session's S3 server too (tests that read a bucket in-process), with no S3 file
+    system fsspec made before: it hands a cached one back, made under another test's environment."""
+    from tests.harness.servers import forget_s3_file_systems
+    for key, value in s3_env.items():
+        monkeypatch.setenv(key, value)
+    forget_s3_file_systems()
+    yield s3_env
+    forget_s3_file_systems()
+
+
 def pytest_addoption(parser):
     parser.addoption("--matrix-plan-only", action="store_true",
                      help="check the combination matrix's plan (tests/matrix/test_matrix.py) without training its jobs")

@@ -10,8 +10,8 @@ from tests.harness.docs_commands import environment, run_by
 from tests.harness.servers import make_bucket
 
 
-def test_the_pages_commands_save_resume_export_and_keep_the_best(s3_env, tmp_path, monkeypatch):
-    make_bucket(s3_env, "my-bucket")
+def test_the_pages_commands_save_resume_export_and_keep_the_best(s3_here, tmp_path):
+    make_bucket(s3_here, "my-bucket")
     save, resume, export, best = commands = run_by(__file__)
     said = {}
     for command in commands:
@@ -19,11 +19,9 @@ def test_the_pages_commands_save_resume_export_and_keep_the_best(s3_env, tmp_pat
         shorten = ["trainer.max_steps=2"] if args[0] == "framework" else []
         proc = run_in_own_session([sys.executable, "-m", *args, *shorten], cwd=tmp_path, timeout=600,
                                   env={**os.environ, **environment(command, {"PYTHONPATH": str(REPO)}),
-                                       "PYTHONUNBUFFERED": "1", **s3_env})
+                                       "PYTHONUNBUFFERED": "1", **s3_here})
         check_ok(proc)
         said[command] = proc.stdout
-    for key, value in s3_env.items():
-        monkeypatch.setenv(key, value)
     assert storage.listdir("s3://my-bucket/tiny") == ["step_00000002"]
     assert "already complete: s3://my-bucket/tiny/step_00000002" in said[resume]    # shortened: nothing left to do
     assert said[export].startswith("wrote ./tiny-hf from s3://my-bucket/tiny/step_00000002")

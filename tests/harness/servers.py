@@ -55,6 +55,17 @@ def start_s3_server():
     return server, env
 
 
+def forget_s3_file_systems() -> None:
+    """Drop the S3 file systems fsspec cached in this process: it returns the same instance for the same URL
+    whatever the environment says now, with the credentials and endpoint it was made under (the class is the one
+    registered for s3://, the framework's own subclass, whose cache is its own)."""
+    import fsspec
+    try:
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
+    except ImportError:
+        pass
+
+
 def make_bucket(env: dict, name: str) -> str:
     """The bucket `name` on the test's S3 server (made once; later calls find it there)."""
     import boto3

@@ -296,19 +296,12 @@ def bucket(s3_env) -> str:
     return make_bucket(s3_env, "payloads")
 
 
-@pytest.fixture
-def in_s3(s3_env, monkeypatch):
-    for key, value in s3_env.items():
-        monkeypatch.setenv(key, value)
-    return s3_env
-
-
 def _to_bucket(step: Path, url: str) -> None:
     for path in (p for p in step.rglob("*") if p.is_file()):
         storage.write_bytes(f"{url}/{path.relative_to(step)}", path.read_bytes())
 
 
-def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, bucket, in_s3, tmp_path, capsys,
+def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, bucket, s3_here, tmp_path, capsys,
                                                                compose_config):
     canary = tmp_path / "canary"
     metadata = copied(single, tmp_path / "metadata")
@@ -330,7 +323,7 @@ def test_payloads_in_a_bucket_are_refused_by_resume_and_export(single, bucket, i
     payloads.rewrite_manifest(entries)
     url = f"{bucket}/entries/{STEP}"
     _to_bucket(entries, url)
-    proc = resumed(url, tmp_path / "worker", "framework", in_s3)
+    proc = resumed(url, tmp_path / "worker", "framework", s3_here)
     one_error(proc.returncode, proc.stderr, f"{url}/state/__0_0.distcp: ")
     one_error(*(lambda p: (p.returncode, p.stderr))(export_here(capsys, url, tmp_path / "hf")),
               f"{url}/state/__0_0.distcp: refuses to unpickle posix.system")

@@ -67,12 +67,9 @@ def test_every_metrics_record_reaches_rays_controller(ddp_on_ray, ray_cluster):
     assert [r["val_loss"] for r in seen if "val_loss" in r] == [r["val_loss"] for r in logged if "val_loss" in r]
 
 
-def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_beside_them(ddp_on_ray, s3_env,
-                                                                                        monkeypatch):
+def test_keep_best_keeps_the_newest_and_the_best_by_val_loss_and_ray_stores_beside_them(ddp_on_ray, s3_here):
     from framework import storage
     run_dir, root = ddp_on_ray[:2]
-    for key, value in s3_env.items():
-        monkeypatch.setenv(key, value)
     scored = [Saved(r["step"], r["val_loss"]) for r in read_metrics(run_dir) if "val_loss" in r]
     expected = {f"step_{s:08d}" for s in kept_steps(scored, keep_last=1, keep_best=2)}
     best = sorted(scored, key=lambda s: s.score)[:2]

@@ -17,14 +17,6 @@ EXACT = 1e-6
 SAVING = ["parallel=single", "checkpoint.enabled=true", "checkpoint.interval=4", "checkpoint.async_save=true"]
 
 
-@pytest.fixture
-def in_s3(s3_env, monkeypatch):
-    """This process reaches the S3 server too (the tests read the bucket and export from it in-process)."""
-    for key, value in s3_env.items():
-        monkeypatch.setenv(key, value)
-    return s3_env
-
-
 @pytest.fixture(scope="module")
 def resumed_from_s3(s3_env, tmp_path_factory):
     """Saving in the background into a bucket: stopped at step 4, then continued with resume=auto (several ranks
@@ -38,7 +30,7 @@ def resumed_from_s3(s3_env, tmp_path_factory):
     return run_dir, root, second
 
 
-def test_resume_auto_from_a_bucket_gives_the_uninterrupted_losses(resumed_from_s3, trained_run, in_s3):
+def test_resume_auto_from_a_bucket_gives_the_uninterrupted_losses(resumed_from_s3, trained_run, s3_here):
     run_dir, root, second = resumed_from_s3
     assert f"checkpoint.resume=auto: looked in {root}: resuming from {root}/step_00000004" in second.stdout
     assert len(losses(run_dir)) == 8
@@ -49,7 +41,7 @@ def test_resume_auto_from_a_bucket_gives_the_uninterrupted_losses(resumed_from_s
         assert meta["files"] and first_damage(f"{root}/{step}", meta["files"]) is None
 
 
-def test_export_reads_straight_from_the_bucket(resumed_from_s3, trained_run, in_s3, tmp_path):
+def test_export_reads_straight_from_the_bucket(resumed_from_s3, trained_run, s3_here, tmp_path):
     from framework.export import export
     _, root, _ = resumed_from_s3
     export(f"{root}/step_00000008", str(tmp_path / "from_s3"))
@@ -59,12 +51,12 @@ def test_export_reads_straight_from_the_bucket(resumed_from_s3, trained_run, in_
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, tmp_path, compose_config):
+def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, s3_here, tmp_path, compose_config):
     """A copy of the checkpoint whose shard was cut short (the checkpoint in the bucket is left as it was)."""
     import fsspec
     _, root, _ = resumed_from_s3
     fs = fsspec.filesystem("s3")
-    copy = f"{make_bucket(in_s3, 'damaged')}/step_00000008"
+    copy = f"{make_bucket(s3_here, 'damaged')}/step_00000008"
     fs.copy(f"{root}/step_00000008/", copy + "/", recursive=True)
     shard = f"{copy}/state/__0_0.distcp"
     data = storage.read_bytes(shard)
@@ -77,7 +69,7 @@ def test_a_truncated_object_is_refused_before_any_work(resumed_from_s3, in_s3, t
     assert storage.size(f"{root}/step_00000008/state/__0_0.distcp") == len(data)
 
 
-def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp_path, monkeypatch, compose_config):
+def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, s3_here, tmp_path, monkeypatch, compose_config):
     """checkpoint.initial_load=s3://...: validated, and the model built from it, as from the same files on disk
     (downloaded once into the machine's cache)."""
     from tests.harness.helpers import derive_and_validate
@@ -87,7 +79,7 @@ def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     _, root, _ = resumed_from_s3
     export(f"{root}/step_00000008", str(tmp_path / "hf"))
-    url = f"{make_bucket(in_s3, 'weights')}/tiny-hf"
+    url = f"{make_bucket(s3_here, 'weights')}/tiny-hf"
     for file in (tmp_path / "hf").iterdir():
         storage.write_bytes(f"{url}/{file.name}", file.read_bytes())
     built = {}
@@ -101,7 +93,7 @@ def test_initial_load_reads_hf_weights_from_a_bucket(resumed_from_s3, in_s3, tmp
     assert len(list((tmp_path / "cache" / "framework" / "downloads").iterdir())) == 1
 
 
-def test_a_missing_bucket_is_one_line_and_exit_2_before_any_work(in_s3, tmp_path, compose_config):
+def test_a_missing_bucket_is_one_line_and_exit_2_before_any_work(s3_here, tmp_path, compose_config):
     said = refused(compose_config([*FAST, *SAVING, "checkpoint.dir=s3://no-such-bucket/run"]), tmp_path / "run")
     assert said == ["error: checkpoint.dir: s3://no-such-bucket/run: no such bucket or container"]
 
@@ -125,10 +117,10 @@ def test_storage_on_an_object_store_lists_reads_and_removes_by_prefix():
     storage.remove_tree(root)
 
 
-def test_a_bucket_that_refuses_writes_is_a_storage_error(in_s3):
+def test_a_bucket_that_refuses_writes_is_a_storage_error(s3_here):
     with pytest.raises(storage.StorageError, match="no such bucket"):
         storage.check_writable("s3://not-made-yet/prefix")
-    bucket = make_bucket(in_s3, "writable")
+    bucket = make_bucket(s3_here, "writable")
     storage.check_writable(f"{bucket}/prefix")
     assert storage.listdir(f"{bucket}/prefix") == []      # the probe object is gone again
 

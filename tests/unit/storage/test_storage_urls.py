@@ -5,11 +5,10 @@ directory `./s3:/` (the job trained into it, or failed after training without cr
 import pytest
 
 from framework import storage
-from tests.harness.helpers import derive_and_validate
 from framework.errors import ConfigError
 from framework.strategies.registry import strategy_class
-from tests.harness.helpers import FAST
-from tests.harness.servers import refused
+from tests.harness.helpers import FAST, derive_and_validate
+from tests.harness.servers import forget_s3_file_systems, refused
 
 BAD = [
     ("s3://", "s3://: no bucket (container, host) after s3://; write s3://BUCKET/prefix"),
@@ -57,6 +56,7 @@ def test_a_bucketless_checkpoint_dir_is_one_line_and_exit_2_before_any_work(cred
             monkeypatch.setenv(key, value)
         else:
             monkeypatch.delenv(key, raising=False)
+    forget_s3_file_systems()
     monkeypatch.chdir(tmp_path)
     cfg = compose_config([*FAST, "parallel=single", "checkpoint.enabled=true", "checkpoint.dir=s3://"])
     assert refused(cfg, tmp_path / "run") == [
