@@ -1,6 +1,6 @@
-"""eval.tasks in a training job and `python -m framework.eval` on its checkpoint: the same model scored three ways
-(in the loop, the command on the checkpoint, lm-eval's own HFLM on the Hugging Face export) gives the same numbers;
-checkpoint.keep_best ranks by a benchmark score; the scores move no random state (a LoRA run with dropout, which
+"""eval.tasks in a training job and `python -m framework.eval` on its checkpoint: the same model scored every way
+(in the loop; the command on the checkpoint, on the export and in a bucket; lm-eval's own HFLM on the export) gives
+the same numbers; checkpoint.keep_best ranks by a benchmark score; the scores move no random state (a LoRA run with dropout, which
 draws from torch's global generator, trains the same losses with and without them); the run summary shows their
 time apart. One job with the scores and one without, shared by every test here."""
 import importlib
@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.harness.helpers import FAST, check_ok, read_metrics, run_framework
+from tests.harness.servers import make_bucket
 
 TASKS = ("fw_pyfacts", "fw_pytext")
 LIMIT = 8
@@ -39,6 +40,10 @@ def offline(monkeypatch):
 def _in_loop(run_dir, step: int) -> dict[str, float]:
     record = next(r for r in read_metrics(run_dir) if r["step"] == step and SCORE in r)
     return {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("eval/")}
+
+
+def _scores(out) -> dict[str, float]:
+    return {f"{r['task']}/{r['metric']}": r["value"] for r in json.loads(out.read_text())["scores"]}
 
 
 def _assert_same(ours: dict, theirs: dict, rel: float = 1e-4) -> None:
@@ -75,7 +80,7 @@ def test_the_command_and_lm_evals_hflm_give_the_in_loop_scores(runs, tmp_path, o
     printed = capsys.readouterr().out
     rows = json.loads(out.read_text())["scores"]
     assert all(f"{r['task']}" in printed for r in rows)
-    ours = {f"{r['task']}/{r['metric']}": r["value"] for r in rows}
+    ours = _scores(out)
 
     assert export_main([str(checkpoints), str(tmp_path / "hf"), "--merge"]) == 0
     newline = AutoTokenizer.from_pretrained(tmp_path / "hf")("\n", add_special_tokens=False)["input_ids"][0]
@@ -87,6 +92,23 @@ def test_the_command_and_lm_evals_hflm_give_the_in_loop_scores(runs, tmp_path, o
               for key, value in scores.items() if "," in key and "_stderr" not in key}
     _assert_same(ours, theirs)
     _assert_same(_in_loop(root / "scored", 6), theirs)
+    # the command reads the export as it reads the checkpoint (told the context the job trained with, as HFLM is)
+    assert command.main([str(tmp_path / "hf"), "--tasks", ",".join(TASKS), "--limit", str(LIMIT), "--max-length",
+                         "32", "--out", str(tmp_path / "export.json")]) == 0
+    _assert_same(_scores(tmp_path / "export.json"), theirs)
+
+
+def test_the_command_scores_a_checkpoint_in_a_bucket(runs, s3_here, offline, tmp_path):
+    from framework import storage
+    root, _ = runs
+    step = root / "scored" / "checkpoints" / "step_00000006"
+    url = f"{make_bucket(s3_here, 'scores')}/run/step_00000006"
+    for path in (p for p in step.rglob("*") if p.is_file()):
+        storage.write_bytes(f"{url}/{path.relative_to(step).as_posix()}", path.read_bytes())
+    command = importlib.import_module("framework.eval")
+    out = tmp_path / "scores.json"
+    assert command.main([url, "--tasks", ",".join(TASKS), "--limit", str(LIMIT), "--out", str(out)]) == 0
+    _assert_same(_scores(out), _in_loop(root / "scored", 6))
 
 
 def test_keep_best_keeps_the_best_scored_step_and_the_last(runs):
