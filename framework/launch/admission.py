@@ -24,7 +24,6 @@ from framework.errors import ConfigError
 from framework.launch import sweep_gpus
 from framework.metrics import trackers
 from framework.metrics.logger import final_value
-from framework.metrics.rules import validate_logging
 from framework.redact import redacted, redacted_yaml
 from framework.runtime.cluster_env import discover, stable_job_dir
 from framework.runtime.engines import engine_class
@@ -81,7 +80,8 @@ def admit(cfg: DictConfig, run_dir: str | None = None, explicit: set[str] | None
     """Everything decided before any worker exists, in this one order: the derivations, each a named function
     (below, and framework/config/derive.py's once the world is known) and the only writes into cfg, so that
     config.yaml shows what ran; then cfg is read-only, and the checks read it: every validation rule, the memory
-    plan and the engine's own checks. Returns (strategy class, world size, engine);
+    plan and the engine's own checks. The trackers' probe, the one derivation that waits on the network, comes after
+    the rules and the plan, so a job they refuse is refused at once. Returns (strategy class, world size, engine);
     raises ConfigError (or trackers.TrackerError)."""
     derive_sweep_gpus(cfg)             # before any device count: a concurrent sweep point's own GPUs
     derive_auto_layout(cfg)
@@ -90,12 +90,16 @@ def admit(cfg: DictConfig, run_dir: str | None = None, explicit: set[str] | None
     world_size = world_size_for(cfg, strategy_cls)
     explicit = hydra_explicit_keys() if explicit is None else explicit
     derive(cfg, world_size, strategy_cls, explicit)
-    if run_dir is not None and is_rank_zero():      # the rank that logs: it must reach the trackers
+    logs = run_dir is not None and is_rank_zero()       # the rank that logs: it must reach the trackers
+    if logs:
         derive_run_name(cfg, run_dir)
-        derive_tracker_names(cfg)
-    OmegaConf.set_readonly(cfg, True)     # admitted: from here on the config is read, never edited
+    OmegaConf.set_readonly(cfg, True)
     validate(cfg, world_size, strategy_cls, run_dir, explicit)
     check_the_plan(cfg, world_size)
+    if logs:        # the one derivation that waits on the network: after every rule that reads the config alone
+        OmegaConf.set_readonly(cfg, False)
+        derive_tracker_names(cfg)
+        OmegaConf.set_readonly(cfg, True)     # admitted: from here on the config is read, never edited
     engine = engine_class(cfg.launcher.engine)(cfg, strategy_cls, world_size)
     engine.check()
     return strategy_cls, world_size, engine
@@ -121,9 +125,7 @@ def derive_run_name(cfg: DictConfig, run_dir: str) -> None:
 
 
 def derive_tracker_names(cfg: DictConfig) -> None:
-    """The chosen trackers that answer (with logging.tracker_errors=warn the others are dropped); their rule
-    comes first, as the probe reads the names."""
-    validate_logging(cfg)
+    """The chosen trackers that answer (with logging.tracker_errors=warn the others are dropped)."""
     trackers.probe(cfg)
 
 

@@ -100,6 +100,11 @@ def test_an_unreachable_tracking_server_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(
         f"error: logging.trackers: mlflow: cannot reach the tracking server at {uri} ("), proc.stderr
     assert not run_dir.exists() or not any(run_dir.iterdir())
+    # a job a rule refuses hears it from the rule: the probe, which may wait on the network, comes after the rules
+    proc = run_framework([*FAST, "logging.trackers=[mlflow]", f"logging.mlflow_tracking_uri={uri}",
+                          "trainer.max_steps=0"], tmp_path / "refused", timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: trainer.max_steps"), proc.stderr
 
 
 # ---- W&B offline, read back with wandb's own reader -------------------------------------------------------
