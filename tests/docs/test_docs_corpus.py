@@ -1,10 +1,7 @@
 """The corpus commands of docs/how-to/own-data.md (prepare, train, generate, export), run in order as written
 from a directory other than the checkout, in README's environment (the page installs no extra)."""
-import os
-import subprocess
-import sys
 
-from tests.harness.docs_commands import environment, run_by
+from tests.harness.docs_commands import run_as_written, run_by
 from tests.fixtures.corpora import write_pydoc_jsonl
 
 COMMANDS = [
@@ -22,12 +19,7 @@ def test_the_docs_show_these_commands():
 
 def test_docs_corpus_commands_run_as_written(tmp_path):
     write_pydoc_jsonl(tmp_path / "corpus", parts=2)
-    outputs = []
-    for command in run_by(__file__):
-        proc = subprocess.run(command.text.replace("python ", f"{sys.executable} ", 1), shell=True, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600, env={**os.environ, **environment(command)})
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        outputs.append(proc.stdout)
+    outputs = [run_as_written(command, tmp_path, timeout=600).stdout for command in run_by(__file__)]
     assert outputs[0].startswith("wrote data/corpus:") and "vocab 4096" in outputs[0]
     assert outputs[2].startswith("The ") and len(outputs[2]) > 10
     assert sorted(p.name for p in (tmp_path / "hf_out").iterdir()) == [

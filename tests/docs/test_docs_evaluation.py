@@ -4,12 +4,9 @@ scored in the loop) whose checkpoints the page's other commands score. The in-lo
 checkpoints the one they are ranked by, the tables list every task's metrics, and the page's own task YAML runs
 from the folder the page names. (The page's numbers after 200 steps come from benchmarks/evaluation_steps.py.)"""
 import json
-import os
 import re
-import subprocess
-import sys
 
-from tests.harness.docs_commands import environment, extras_of, run_by
+from tests.harness.docs_commands import extras_of, run_as_written, run_by
 from tests.harness.helpers import REPO
 
 PAGE = REPO / "docs" / "how-to" / "evaluation.md"
@@ -44,12 +41,8 @@ def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first()
 
 def test_evaluation_commands_run_as_written(tmp_path):
     _own_task(tmp_path)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     for command in run_by(__file__):
-        as_written = command.text.replace("python ", f"{sys.executable} ", 1)
-        proc = subprocess.run(as_written, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                              env={**env, **environment(command)})
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        proc = run_as_written(command, tmp_path, env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=600)
         if "-m framework.eval " in command.text:
             tasks = command.text.split("--tasks ")[1].split()[0].split(",")
             assert _table(proc.stdout) == {t: METRICS[t] for t in tasks}, proc.stdout

@@ -3,13 +3,10 @@ checkout, in README's environment plus the `hf` extra the page installs, in orde
 2 steps, lora_tiny to 30, so that the loss has room to fall; sft_tiny as written); the recipes sft_tiny and
 lora_tiny learn, generate answers in the chat format what the page says it does, and export writes the adapter and the merged weights."""
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 from framework.data.assets import path as asset_path
-from tests.harness.docs_commands import environment, extras_of, run_by
+from tests.harness.docs_commands import extras_of, run_as_written, run_by
 from tests.harness.helpers import REPO
 
 
@@ -23,7 +20,6 @@ def commands() -> list[str]:
 
 def _shortened(command: str) -> str:
     """sft_tiny and its generate as written (the page shows what the trained model answers), the rest shortened."""
-    command = command.replace("python ", f"{sys.executable} ", 1)
     if "outputs/sft" in command:
         return command
     command = command.replace("step_00000200", f"step_{STEPS:08d}")
@@ -49,13 +45,8 @@ def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first()
 
 def test_fine_tuning_commands_run_as_written(tmp_path):
     shutil.copyfile(asset_path("tiny_chat.jsonl"), tmp_path / "chats.jsonl")    # "your own conversations"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}     # data.cache_dir's default lies below
-    outputs = {}
-    for command in run_by(__file__):
-        proc = subprocess.run(_shortened(command.text), shell=True, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=900, env={**env, **environment(command)})
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        outputs[command.text] = proc.stdout
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}     # data.cache_dir's default lies below
+    outputs = {c.text: run_as_written(c, tmp_path, _shortened(c.text), cache).stdout for c in run_by(__file__)}
     for run in ("sft", "lora"):      # lora_tiny trains adapters alone on a frozen random model: it falls slower
         got = _losses(tmp_path / "outputs" / run)
         assert got[-1] < got[0] - 0.2, (run, got)

@@ -5,20 +5,16 @@ says what it learns within its steps; the other jobs shortened to 2 steps); dpo_
 no reference model of its own; the export writes the weights."""
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 
 from framework.data.assets import path as asset_path
-from tests.harness.docs_commands import environment, extras_of, run_by
+from tests.harness.docs_commands import extras_of, run_as_written, run_by
 
 #: dpo_tiny's 60 steps are the recipe's point (it learns within them): ~50 s of CPU
 RUNS_LONGEST = True
 
 
 def _shortened(command: str) -> str:
-    command = command.replace("python ", f"{sys.executable} ", 1)
     if "outputs/dpo " in command + " " or command.split()[1:3] != ["-m", "framework"]:
         return command + (" trainer.progress_bar=false" if "+recipe" in command else "")
     return command + " trainer.max_steps=2 trainer.log_every=1 trainer.eval_every=0 trainer.progress_bar=false"
@@ -36,13 +32,8 @@ def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first()
 
 def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
     shutil.copyfile(asset_path("tiny_prefs.jsonl"), tmp_path / "pairs.jsonl")     # "your own pairs"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    outputs = {}
-    for command in run_by(__file__):
-        proc = subprocess.run(_shortened(command.text), shell=True, cwd=tmp_path, capture_output=True, text=True,
-                              timeout=900, env={**env, **environment(command)})
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-        outputs[command.text] = proc.stdout
+    cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    outputs = {c.text: run_as_written(c, tmp_path, _shortened(c.text), cache).stdout for c in run_by(__file__)}
     dpo = _records(tmp_path / "outputs" / "dpo")
     assert dpo[0]["step"] == 1 and abs(dpo[0]["loss"] - math.log(2)) < 1e-6
     assert all(dpo[0][k] == 0 for k in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"))

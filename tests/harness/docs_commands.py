@@ -17,7 +17,10 @@ commands uses it, or says in README_ENV_NOT_YET why not.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,3 +162,15 @@ def environment(command: Command, base: dict | None = None) -> dict:
     """What a job running `command` adds to `base` (None: the test environment): README's install plus the
     extras its page says to install before it."""
     return readme_env.environment(extras_of(command.page, command.block), base)
+
+
+def run_as_written(command: Command, cwd: Path, text: str | None = None, env: dict | None = None,
+                   timeout: int = 900) -> subprocess.CompletedProcess:
+    """`command` (or `text`, the command as a test shortened it) run by the shell in `cwd` with this interpreter
+    for `python`, in the test's environment plus `env` and what its page says to install; fails the test if it
+    fails."""
+    text = (text or command.text).replace("python ", f"{sys.executable} ", 1)
+    proc = subprocess.run(text, shell=True, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {}), **environment(command)})
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
