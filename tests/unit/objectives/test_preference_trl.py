@@ -298,3 +298,10 @@ def test_orpo_equals_trl_orpo(plain_pairs, tmp_path):
     assert split_metrics == pytest.approx(metrics, rel=1e-7, abs=1e-7)
     own_means, _ = framework_pass(objective, policy, None, rows, 1)
     assert own_means != pytest.approx(loss, rel=1e-5)       # 1.6e-3 away here
+    # a deferred head (model.loss_chunk_tokens) scores the prompt's targets as the whole logits do
+    from framework.models.loss import deferred_logits
+    inputs, targets = objective.prepare(micro_batches(rows, 2 * len(PLAIN))[0])
+    with torch.no_grad():
+        hidden = policy.model(input_ids=inputs).last_hidden_state
+        chunked = objective(deferred_logits(hidden, policy.lm_head, 16), targets)
+    assert float(chunked) == pytest.approx(loss, rel=1e-7)
