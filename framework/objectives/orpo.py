@@ -13,7 +13,8 @@ nll_loss, log_odds_ratio (the mean log sigmoid(log_odds)) and log_odds_chosen (t
 The NLL is TRL's, not the paper's: over each chosen sequence WHOLE, its prompt as well as its completion (TRL's
 labels are the input ids wherever attended), every token but the first. The rows carry completion-only targets
 (what the other pair objectives score), so `prepare` adds the chosen rows' prompt targets from the inputs they
-already hold. The NLL is the mean over the global batch's chosen targets (Pairs.chosen_targets, from the data
+already hold, in the targets themselves (below IGNORE_INDEX, apart from the completion's): the strategies hand an
+objective nothing but (output, targets), and every split keeps a row's targets with its output. The NLL is the mean over the global batch's chosen targets (Pairs.chosen_targets, from the data
 alone): each micro-batch's share is its sum scaled so the strategies' equal-weight mean over micro-batches and ranks
 is that mean, as framework/models/loss.py does for masked targets; on one micro-batch it is TRL's, which takes the
 mean over its micro-batch's chosen tokens.
