@@ -173,6 +173,10 @@ class GlobalBatchSampler:
         """Targets step `step`'s global batch trains (None: every one of its positions)."""
         return self.layout.trained(self.sequence_ids(step))
 
+    def chosen_targets(self, step: int) -> int:
+        """Preference pairs: the targets of step `step`'s chosen sequences whole, prompt included (Pairs)."""
+        return self.layout.chosen_targets(self.sequence_ids(step))
+
     def tokens(self, after_step: int, to_step: int) -> int:
         """Tokens of the steps after `after_step` up to `to_step` (1-based, inclusive): every position of their
         rows, or where rows hold one example each, the examples' tokens (padding left out, as TRL counts)."""

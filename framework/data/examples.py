@@ -115,6 +115,11 @@ class Pairs:
     def tokens_of(self, ids) -> int:
         return int(self.length[np.asarray(ids, dtype=np.int64)].sum())
 
+    def chosen_targets(self, ids) -> int:
+        """Targets of the pairs' chosen sequences whole, prompt included: every token but the first (what TRL's
+        ORPO scores its NLL over)."""
+        return int((self.length[np.asarray(ids, dtype=np.int64), 0] - 1).sum())
+
 
 def cut_counts(starts, mask, seq_len: int, packing: bool, overlong: str) -> dict[str, int]:
     """What data.seq_len does to a stream's examples: how many there are; how many are longer than a row

@@ -37,10 +37,15 @@ class Objective(abc.ABC):
     def __call__(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.loss(output, targets)
 
-    def global_batch(self, trained: int | None, sequences: int, width: int | None) -> AbstractContextManager:
-        """While inside, losses are shares of the mean over the `trained` targets of a global batch of
-        `sequences` rows of `width` positions (framework.models.loss.global_batch)."""
-        return global_batch(trained, sequences, width)
+    def global_batch(self, sampler, step: int) -> AbstractContextManager:
+        """While inside, losses are shares of the mean over the trained targets of `sampler`'s global batch of step
+        `step` (framework.models.loss.global_batch): what the data alone knows, so every layout gives one number."""
+        return global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step), sampler.width)
+
+    def prepare(self, batch: tuple) -> tuple:
+        """A micro-batch (inputs, targets[, documents]) as the strategies run it, and `loss` gets its targets:
+        as the data gives it, unless the objective scores more than the trained targets (orpo)."""
+        return batch
 
     def begin_step(self) -> None:
         """Before a step's (or an evaluation's) micro-batches: forget what the last one left."""

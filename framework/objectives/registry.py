@@ -12,6 +12,7 @@ OBJECTIVES: dict[str, str] = {
     "lm": "framework.objectives.lm:NextTokenCrossEntropy",
     "dpo": "framework.objectives.dpo:DPO",
     "simpo": "framework.objectives.simpo:SimPO",
+    "orpo": "framework.objectives.orpo:ORPO",
 }
 
 #: what a job trains when its config names no objective (conf/config.yaml's default, and a config saved before

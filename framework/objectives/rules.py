@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from framework.data.sources import source_of
 from framework.errors import ConfigError
-from framework.objectives.registry import DEFAULT, objective_class
+from framework.objectives.registry import DEFAULT, OBJECTIVES, objective_class
+
+
+def pair_objectives() -> list[str]:
+    """`objective=<name>` of every objective that trains on chosen/rejected pairs."""
+    return [f"objective={n}" for n in OBJECTIVES if objective_class(n).rows_per_example == 2]
 
 
 def validate_objective(cfg, frozen_reference: bool, strategy: str) -> None:
@@ -18,7 +23,7 @@ def validate_objective(cfg, frozen_reference: bool, strategy: str) -> None:
                                        f"{cfg.data.source} holds none: use data=preference")
     if pairs and objective.rows_per_example != 2:
         raise ConfigError("data.source", f"data=preference holds chosen/rejected pairs, which objective={name} "
-                                         f"does not train on; use objective=dpo or objective=simpo")
+                                         f"does not train on; use {' or '.join(pair_objectives())}")
     if not pairs:
         return
     if cfg.data.packing:

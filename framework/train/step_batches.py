@@ -53,8 +53,7 @@ class StepBatches:
 
     def global_batch(self, sampler, step: int):
         """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
-        return self.objective.global_batch(sampler.trained_tokens(step), sampler.batch_sizes.size(step),
-                                           sampler.width)
+        return self.objective.global_batch(sampler, step)
 
     def layout_of(self, step: int):
         """The batch layout of training step `step` (1-based)."""
@@ -64,6 +63,7 @@ class StepBatches:
         """A rank's share as micro-batches of `layout` (counted in the sampler's examples: a preference pair is
         two rows), with the reference's log-probs queued where the objective reads them."""
         found = [] if local is None else micro_batches(local, layout.micro_batch * self.objective.rows_per_example)
+        found = [self.objective.prepare(batch) for batch in found]
         self.objective.begin_step()
         if self.reference is not None:
             self.reference.run(found)

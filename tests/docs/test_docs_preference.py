@@ -2,7 +2,8 @@
 checkout, in README's environment plus the `hf` extra the page installs, in order (dpo_tiny as written: the page
 says what it learns within its steps; the other jobs shortened to 2 steps); dpo_tiny starts where the page says
 (loss ln 2, every reward 0) and ends with rewards/accuracies above 0.5 and a positive margin; the LoRA job holds
-no reference model of its own; the export writes the weights."""
+no reference model of its own; the export writes the weights; ORPO's first loss is its NLL minus beta times its
+log_odds_ratio."""
 import json
 import math
 import shutil
@@ -27,7 +28,7 @@ def _records(run_dir) -> list[dict]:
 def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first():
     first = run_by(__file__)[0]
     assert extras_of(first.page, first.block) == ("hf",)
-    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 5
+    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 6
 
 
 def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
@@ -48,3 +49,6 @@ def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
     simpo = _records(tmp_path / "outputs" / "simpo")
     assert "reference_bytes" not in simpo[-1] and simpo[-1]["logps/chosen"] < 0
     assert (tmp_path / "dpo_out" / "model.safetensors").is_file()
+    orpo = _records(tmp_path / "outputs" / "orpo")     # no reference; the NLL and odds ratio as the page says
+    assert "reference_bytes" not in orpo[-1] and orpo[-1]["nll_loss"] > 0 and orpo[-1]["log_odds_ratio"] < 0
+    assert abs(orpo[0]["loss"] - (orpo[0]["nll_loss"] - 0.1 * orpo[0]["log_odds_ratio"])) < 1e-5

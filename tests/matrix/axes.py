@@ -3,7 +3,8 @@ fields and model families from tests/matrix/crossed.py:
 
 - `parallel`: the strategy registry; `zero`, `precision`: the option files of their config groups;
 - `model`: the model spec registry, each family at its smallest member (crossed.SMALLEST);
-- `objective`: the objective registry, each with the data it trains on (crossed.objective_overrides);
+- `objective`: the objective registry, each with the data it trains on (crossed.objective_overrides), less those
+  crossed.OBJECTIVES_NOT_CROSSED says why not;
 - every field of crossed.CROSSED, whose first value is what a job gets where the matrix does not set it.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from framework.models.spec import SPECS
 from framework.objectives.registry import DEFAULT as DEFAULT_OBJECTIVE
 from framework.objectives.registry import OBJECTIVES
 from framework.strategies.registry import STRATEGIES
-from tests.matrix.crossed import CROSSED, SMALLEST, objective_overrides, smallest_overrides
+from tests.matrix.crossed import CROSSED, OBJECTIVES_NOT_CROSSED, SMALLEST, objective_overrides, smallest_overrides
 
 #: config groups crossed by their option files
 GROUPS = ("zero", "precision")
@@ -58,7 +59,8 @@ def discover(scratch: str) -> list[Axis]:
     smallest member may write a file it needs."""
     axes = [Axis("parallel", tuple(STRATEGIES), is_group=True),
             Axis("model", tuple(n for n in SPECS if n in SMALLEST), is_group=True),
-            Axis("objective", tuple(sorted(OBJECTIVES, key=lambda o: (o != DEFAULT_OBJECTIVE, o))), is_group=True),
+            Axis("objective", tuple(sorted((o for o in OBJECTIVES if o not in OBJECTIVES_NOT_CROSSED),
+                                           key=lambda o: (o != DEFAULT_OBJECTIVE, o))), is_group=True),
             *(Axis(group, _ordered(group), is_group=True) for group in GROUPS),
             *(Axis(key, values) for key, values in sorted(CROSSED.items()))]
     return sorted(axes, key=lambda a: -len(a.values))

@@ -7,9 +7,9 @@ import typing
 from framework.config.schema import (AdamWConfig, AutoParallelConfig, Config, LowBitAdamWConfig, MuonConfig, SGDConfig,
                                      WSDConfig)
 from framework.models.spec import SPECS, spec_named
-from framework.objectives.registry import OBJECTIVES, objective_class
+from framework.objectives.registry import DEFAULT, OBJECTIVES, objective_class
 from framework.strategies.registry import STRATEGIES, strategy_class
-from tests.matrix.crossed import CROSSED, NOT_CROSSED, SMALLEST
+from tests.matrix.crossed import CROSSED, NOT_CROSSED, OBJECTIVES_NOT_CROSSED, SMALLEST
 
 
 def _fields(schema: type, prefix: str, found: dict) -> None:
@@ -61,6 +61,12 @@ def test_each_crossed_field_starts_at_a_default_its_schemas_give():
         first = list(values[0]) if isinstance(values[0], tuple) else values[0]
         assert first in fields[key], f"{key}: the matrix's first value {first!r}, the schemas' {fields[key]}"
         assert len(set(values)) == len(values) > 1, f"{key}: {values}"
+
+
+def test_every_objective_left_out_of_the_axis_is_one_the_registry_has():
+    gone = sorted(set(OBJECTIVES_NOT_CROSSED) - set(OBJECTIVES))
+    assert not gone, f"tests/matrix/crossed.py leaves out objectives no registry has: {gone}"
+    assert DEFAULT not in OBJECTIVES_NOT_CROSSED
 
 
 def test_every_model_family_is_crossed_or_says_why_not():

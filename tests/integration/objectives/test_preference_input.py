@@ -1,8 +1,8 @@
 """Bad preference input and jobs a preference objective cannot train, each refused before any work with one
 `error:` line naming the file and row or the key, exit 2, nothing written: a record without `chosen` or
 `rejected`, identical answers, strings mixed with message lists; preference data with packing, or with an
-objective that trains tokens; a preference objective on token data; DPO's reference where the strategy builds no
-frozen copy. One job of the real entrypoint shows the line and the exit code a user sees."""
+objective that trains tokens; a non-positive objective.beta (orpo); a preference objective (dpo, orpo) on token
+data; DPO's reference where the strategy builds no frozen copy. One job of the real entrypoint shows the line and the exit code a user sees."""
 import json
 
 import pytest
@@ -41,7 +41,9 @@ def test_a_bad_record_is_one_line_naming_file_and_row(compose_config, tmp_path, 
 
 @pytest.mark.parametrize("overrides, key, says", [
     (["data.packing=true"], "data.packing", "set data.packing=false"),
-    (["objective=lm"], "data.source", "use objective=dpo or objective=simpo"),
+    (["objective=lm"], "data.source", "use objective=dpo or objective=simpo or objective=orpo"),
+    (["objective=orpo", "objective.beta=0"], "objective.beta", "must be positive, got 0"),
+    (["objective=orpo", "objective.beta=-0.1"], "objective.beta", "must be positive, got -0.1"),
     (["objective=dpo", "parallel=3d", "parallel.tp=1", "parallel.pp=2"], "parallel.pp",
      "set parallel.pp=1, or data.packing=true where the data packs (preference pairs do not)"),
 ])
@@ -53,10 +55,11 @@ def test_jobs_a_preference_objective_cannot_train_are_refused_in_one_line(compos
     assert len(lines) == 1 and lines[0].startswith(f"error: {key}: ") and says in lines[0], lines
 
 
-def test_a_preference_objective_on_token_data_is_refused(compose_config, tmp_path):
-    lines = refused(compose_config([*FAST, "objective=dpo"]), tmp_path / "run")
-    assert len(lines) == 1 and lines[0].startswith("error: objective: objective=dpo trains on chosen/rejected pairs"), \
-        lines
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_a_preference_objective_on_token_data_is_refused(compose_config, tmp_path, objective):
+    lines = refused(compose_config([*FAST, f"objective={objective}"]), tmp_path / "run")
+    assert len(lines) == 1 and lines[0].startswith(f"error: objective: objective={objective} trains on "
+                                                   f"chosen/rejected pairs"), lines
 
 
 def test_the_user_sees_the_line_and_exit_code_2(tmp_path):

@@ -3,12 +3,14 @@ reference is built again from the initial weights, never read from the checkpoin
 metrics included; fsdp x2 (the reference sharded as the policy) gives single's; and the reference's memory, as
 planned and as measured: a frozen copy costs a model's parameters (reference_bytes, and the peak resident set
 against SimPO's, which has no reference, on a model large enough to see it), LoRA's base with the adapters off
-costs nothing of the kind. Layouts and options crossed with each objective are the combination matrix's
+costs nothing of the kind. ORPO on fsdp x2, one pair a micro-batch, gives single's in two pairs a micro-batch, its
+NLL (a mean over the global batch's chosen tokens) and TRL's metrics included. Layouts and options crossed with each objective are the combination matrix's
 (tests/matrix: objective=dpo and simpo with every strategy, LoRA, precision, checkpointing)."""
 import pytest
 from omegaconf import OmegaConf
 
 from framework.data.assets import path as asset_path
+from framework.objectives.orpo import ORPO
 from framework.objectives.preference import REWARD_METRICS
 from tests.harness.helpers import FAST, check_ok, read_metrics, run_framework
 from tests.harness.parity import assert_series_parity
@@ -91,3 +93,28 @@ def test_a_lora_reference_is_the_base_with_adapters_off_costing_no_copy(runs):
     assert _planned_reference(runs["lora_dpo"]) == 0 and "reference_bytes" not in read_metrics(runs["lora_dpo"])[-1]
     assert peak["lora_dpo"] - peak["lora_simpo"] < 0.2 * copy, (peak, copy)
     assert read_metrics(runs["lora_dpo"])[-1]["rewards/margins"] != 0     # the adapters moved it off the base
+
+
+@pytest.fixture(scope="module")
+def orpo_runs(tmp_path_factory):
+    """ORPO on one process in two micro-batches of two pairs, and on fsdp x2 in one pair a micro-batch: its NLL's
+    mean over the global batch's chosen targets must not see the split (a micro-batch's own mean would)."""
+    root = tmp_path_factory.mktemp("orpo")
+    base = [*FAST, *_pairs(root), "objective=orpo"]
+    out = {"single": root / "single", "fsdp": root / "fsdp"}
+    check_ok(run_framework([*base, "trainer.micro_batch_size=2"], out["single"]))
+    check_ok(run_framework([*base, "parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=2"], out["fsdp"]))
+    return out
+
+
+def test_orpo_on_fsdp_gives_singles_losses_and_metrics(orpo_runs):
+    single = read_metrics(orpo_runs["single"])
+    assert set(ORPO.metric_names) <= set(single[-1]) and single[-1]["rewards/margins"] != 0
+    for key in ("loss", "grad_norm", "nll_loss", "log_odds_ratio", "log_odds_chosen", "rewards/accuracies",
+                "logps/chosen", "logps/rejected"):
+        assert_series_parity(key, _series(orpo_runs["fsdp"], key), _series(orpo_runs["single"], key),
+                             "fp32-distributed")
+    # ORPO's rewards are beta times averaged log-probs (~1 here): plain relative parity holds for them
+    for key in ("rewards/chosen", "rewards/rejected"):
+        assert_series_parity(key, _series(orpo_runs["fsdp"], key), _series(orpo_runs["single"], key),
+                             "fp32-distributed")

@@ -2,8 +2,9 @@
 the same batch, the loss and TRL's six metrics (rewards/chosen, rewards/rejected, rewards/accuracies,
 rewards/margins, logps/chosen, logps/rejected) of objective=dpo (sigmoid, ipo, hinge) equal DPOTrainer's and those of
 objective=simpo equal the experimental CPOTrainer's in SimPO mode (loss_type="simpo", cpo_alpha=0: SimPO lives only
-in trl.experimental in 1.16), to 1e-5 (logps/* relative: TRL scores them with a float32 head even for a float64
-model, ~1e-7 relative). The framework's side is its own path: the pairs prepared by `prepare` (data=preference),
+in trl.experimental in 1.16) and those of objective=orpo the experimental ORPOTrainer's (with its nll_loss,
+log_odds_ratio and log_odds_chosen; its NLL over the chosen sequences whole, prompt included), to 1e-5 (logps/*
+relative: TRL scores them with a float32 head even for a float64 model, ~1e-7 relative). The framework's side is its own path: the pairs prepared by `prepare` (data=preference),
 rows from `Pairs` (interleaved), `micro_batches`, the reference's pass queueing, the objective's loss; TRL's side is
 its tokenization and collator on the same tokenizer (the one prepare wrote), so the tokens are compared too,
 truncation and the dropped pair included. A float64 tiny Llama (transformers) with a reference of another seed:
@@ -26,6 +27,8 @@ from framework.data.batches import build_samplers, micro_batches  # noqa: E402
 from framework.data.prepare import ChatOptions, prepare  # noqa: E402
 from framework.data.sources.preference import Preference  # noqa: E402
 from framework.objectives.dpo import DPO, DPOOptions  # noqa: E402
+from framework.objectives.orpo import ORPO, ORPOOptions  # noqa: E402
+from framework.objectives.preference import REWARD_METRICS  # noqa: E402
 from framework.objectives.simpo import SimPO, SimPOOptions  # noqa: E402
 
 trl = pytest.importorskip("trl")
@@ -110,7 +113,7 @@ def framework_pass(objective, policy, reference, rows, pairs_per_micro_batch):
     over micro-batches and the objective's metrics (its sums divided once)."""
     objective.begin_step()
     objective.forget_reference()
-    batches = micro_batches(rows, 2 * pairs_per_micro_batch)
+    batches = [objective.prepare(b) for b in micro_batches(rows, 2 * pairs_per_micro_batch)]
     if reference is not None:
         with torch.no_grad():
             for inputs, targets in batches:
@@ -249,3 +252,56 @@ def test_conservative_dpo_is_its_formula():
         h = (logps[i, 0] - reference[i, 0] - logps[i, 1] + reference[i, 1]).item()
         expected = -(1 - e) * math.log(sigmoid(beta * h)) - e * math.log(sigmoid(-beta * h))
         assert loss[i].item() == pytest.approx(expected, rel=1e-12)
+
+
+def trl_orpo(tok, policy, tmp_path, beta=0.1):
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    args = ORPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(PLAIN), beta=beta,
+                      max_length=MAX_LENGTH, bf16=False, fp16=False, use_cpu=True, report_to=[], save_strategy="no",
+                      seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ORPOTrainer(model=policy, args=args, train_dataset=dataset(PLAIN), processing_class=tok)
+
+
+def test_orpo_equals_trl_orpo(plain_pairs, tmp_path):
+    """The loss, TRL's six metrics and ORPO's own three (nll_loss, log_odds_ratio, log_odds_chosen): the NLL over
+    the chosen sequences whole, prompt included, as TRL's. One-pair micro-batches give the same numbers within the
+    global batch's count of chosen targets (Pairs.chosen_targets); their own means would not."""
+    _, out = plain_pairs
+    tok = hf_tokenizer(out)
+    policy = tiny_llama(len(tok), 0)
+    trainer = trl_orpo(tok, policy, tmp_path)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(len(PLAIN))])
+    cat = trainer.concatenated_inputs(batch, is_encoder_decoder=False, padding_value=trainer.padding_value)
+    trainer.model.train()
+    with torch.no_grad():
+        trl_loss = trainer.compute_loss(trainer.model, batch)
+    trl_metrics = {k: v[-1] for k, v in trainer._stored_metrics["train"].items()}
+    sampler = pair_layout(out, MAX_LENGTH - 1)
+    rows = sampler.layout.rows(range(len(PLAIN)))
+    assert_same_rows(rows, {"input_ids": cat["concatenated_input_ids"],
+                            "completion_mask": cat["concatenated_labels"] != -100,
+                            "attention_mask": cat["concatenated_attention_mask"]})
+    objective = ORPO(ORPOOptions(beta=0.1))
+    loss, metrics = framework_pass(objective, policy.train(), None, rows, len(PLAIN))
+    assert set(metrics) == {*REWARD_METRICS, "nll_loss", "log_odds_ratio", "log_odds_chosen"}
+    assert_close_to_trl(loss, metrics, trl_loss, trl_metrics)
+    # the NLL is not the completions' alone: the prompt's tokens weigh in
+    assert metrics["rewards/margins"] != 0 and metrics["nll_loss"] > 0
+    whole = sampler.layout.chosen_targets(range(len(PLAIN)))
+    assert whole == int(rows.lengths[0::2].sum()) - len(PLAIN)
+    with objective.chosen_batch(whole, len(PLAIN)):
+        split_loss, split_metrics = framework_pass(objective, policy, None, rows, 1)
+    # the odds-ratio term is float32 (TRL's): its sums over other groupings round alike, not bit for bit
+    assert split_loss == pytest.approx(loss, rel=1e-7)
+    assert split_metrics == pytest.approx(metrics, rel=1e-7, abs=1e-7)
+    own_means, _ = framework_pass(objective, policy, None, rows, 1)
+    assert own_means != pytest.approx(loss, rel=1e-5)       # 1.6e-3 away here
+    # a deferred head (model.loss_chunk_tokens) scores the prompt's targets as the whole logits do
+    from framework.models.loss import deferred_logits
+    inputs, targets = objective.prepare(micro_batches(rows, 2 * len(PLAIN))[0])
+    with torch.no_grad():
+        hidden = policy.model(input_ids=inputs).last_hidden_state
+        chunked = objective(deferred_logits(hidden, policy.lm_head, 16), targets)
+    assert float(chunked) == pytest.approx(loss, rel=1e-7)
