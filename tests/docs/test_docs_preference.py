@@ -2,7 +2,8 @@
 checkout, in README's environment plus the `hf` extra the page installs, in order (dpo_tiny as written: the page
 says what it learns within its steps; the other jobs shortened to 2 steps); dpo_tiny starts where the page says
 (loss ln 2, every reward 0) and ends with rewards/accuracies above 0.5 and a positive margin; the LoRA job holds
-no reference model of its own; the export writes the weights."""
+no reference model of its own, nor does the one whose reference is precomputed (its pass said once); the export
+writes the weights."""
 import json
 import math
 import os
@@ -31,7 +32,7 @@ def _records(run_dir) -> list[dict]:
 def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first():
     first = run_by(__file__)[0]
     assert extras_of(first.page, first.block) == ("hf",)
-    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 5
+    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 6
 
 
 def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
@@ -57,3 +58,9 @@ def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
     simpo = _records(tmp_path / "outputs" / "simpo")
     assert "reference_bytes" not in simpo[-1] and simpo[-1]["logps/chosen"] < 0
     assert (tmp_path / "dpo_out" / "model.safetensors").is_file()
+    precomputed = _records(tmp_path / "outputs" / "dpo_precomputed")
+    assert "reference_bytes" not in precomputed[-1] and abs(precomputed[0]["loss"] - math.log(2)) < 1e-6
+    said = next(out for c, out in outputs.items() if "outputs/dpo_precomputed" in c)
+    trained = precomputed[0]["data/pairs"] - precomputed[0]["data/pairs_dropped"]    # every pair kept, once
+    assert [line.split(" in ")[0] for line in said.splitlines() if line.startswith("objective.precompute_reference:")] \
+        == [f"objective.precompute_reference: scored {trained} train pairs with the reference model"]
