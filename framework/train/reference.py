@@ -44,21 +44,23 @@ class ReferencePass:
         expected = {split: (sampler.num_sequences, reference_table.data_fingerprint(sampler.layout))
                     for split, sampler in samplers.items()}
         where = storage.join(resume_from, reference_table.TABLE) if resume_from else None
+        tables, said = {}, []
         if where is not None and storage.isfile(where):
-            data = storage.read_bytes(where)
-            tables = reference_table.decode(data, where, expected)
-            said = f"read the reference log-probs of {self._counted(tables)} from {where}"
-        else:
+            tables = reference_table.decode(storage.read_bytes(where), where, expected)
+            said.append(f"read the reference log-probs of {self._counted(tables)} from {where}")
+        scored = [split for split in samplers if split not in tables]
+        if scored:
             batches.plan(batches.layout)
             with self.model():
-                tables = {split: reference_table.score(s, batches.layout, sampler, self.objective)
-                          for split, sampler in samplers.items()}
-            data = reference_table.encode(tables, {split: fp for split, (_, fp) in expected.items()})
-            said = f"scored {self._counted(tables)} with the reference model"
+                tables.update({split: reference_table.score(s, batches.layout, samplers[split], self.objective)
+                               for split in scored})
+            said.append(f"scored {self._counted({split: tables[split] for split in scored})} with the reference model")
         self.tables = {samplers[split]: table for split, table in tables.items()}
-        checkpoints.keep_with_each(reference_table.TABLE, data)
+        checkpoints.keep_with_each(reference_table.TABLE, reference_table.encode(
+            tables, {split: fingerprint for split, (_, fingerprint) in expected.items()}))
         if s.is_main:
-            print(f"objective.precompute_reference: {said} in {time.perf_counter() - started:.1f}s", flush=True)
+            print(f"objective.precompute_reference: {'; '.join(said)} in {time.perf_counter() - started:.1f}s",
+                  flush=True)
 
     @staticmethod
     def _counted(tables: dict) -> str:

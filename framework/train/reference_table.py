@@ -60,7 +60,8 @@ def encode(tables: dict[str, torch.Tensor], fingerprints: dict[str, str]) -> byt
 
 
 def decode(data: bytes, where: str, expected: dict[str, tuple[int, str]]) -> dict[str, torch.Tensor]:
-    """The tables of a file written by `encode`, each checked against `expected` {split: (pairs, fingerprint)}."""
+    """The tables of a file written by `encode`, each checked against `expected` {split: (pairs, fingerprint)}; a
+    split it does not hold (evaluation switched on since) is left out, for the caller to score."""
     from safetensors.torch import load
     advice = "start without checkpoint.resume (the pairs are scored again) or with the data it was saved with"
     try:
@@ -73,17 +74,16 @@ def decode(data: bytes, where: str, expected: dict[str, tuple[int, str]]) -> dic
     if metadata.get("format") != FORMAT or metadata.get("sha256") != _payload_sha256(tables):
         raise ResumeRefused(f"refusing {where}: damaged (its log-probs differ from the SHA-256 they were saved "
                             f"with, or it is no {FORMAT} table); {advice}")
-    for split, (pairs, fingerprint) in expected.items():
-        found = tables.get(split)
-        if found is None or tuple(found.shape) != (pairs, 2):
-            held = "none" if found is None else f"{found.shape[0]}"
-            raise ResumeRefused(f"refusing {where}: it holds the reference log-probs of {held} {split} pairs, the "
-                                f"data has {pairs} now; {advice}")
+    held = {split: expected[split] for split in expected if split in tables}
+    for split, (pairs, fingerprint) in held.items():
+        if tuple(tables[split].shape) != (pairs, 2):
+            raise ResumeRefused(f"refusing {where}: it holds the reference log-probs of {tables[split].shape[0]} "
+                                f"{split} pairs, the data has {pairs} now; {advice}")
         if metadata.get(f"{split}.fingerprint") != fingerprint:
             raise ResumeRefused(f"refusing {where}: its {split} log-probs were computed for other pairs (the "
                                 f"prepared data's fingerprint differs: data, data.seq_len or "
                                 f"data.max_prompt_length changed); {advice}")
-    return {split: tables[split] for split in expected}
+    return {split: tables[split] for split in held}
 
 
 def score(strategy, layout, sampler, objective) -> torch.Tensor:
@@ -112,4 +112,3 @@ def score(strategy, layout, sampler, objective) -> torch.Tensor:
     kept = every[:, 0] < pairs              # positions past the end filled the last batch
     table[torch.from_numpy(order)[every[kept, 0].long()]] = every[kept, 1:].to(table.dtype)
     return table
-

@@ -1,6 +1,7 @@
 """The precomputed reference's file (framework/train/reference_table.py) as a worker reads it back: the log-probs
-as written, and a refusal naming the file for one that is cut short, damaged past its manifest's checks (a
-change after the launching process looked), of another pair count, or computed for other prepared pairs."""
+as written (a split it lacks left out, for the pass to score), and a refusal naming the file for one that is cut
+short, damaged past its manifest's checks (a change after the launching process looked), of another pair count,
+or computed for other prepared pairs."""
 import numpy as np
 import pytest
 import torch
@@ -60,9 +61,13 @@ def test_a_table_for_other_data_is_refused():
         decode(data, WHERE, {**expected, "train": (4, expected["train"][1])})
     with pytest.raises(ResumeRefused, match="its val log-probs were computed for other pairs"):
         decode(data, WHERE, {**expected, "val": (1, "fp-other")})
+
+
+def test_a_split_the_table_lacks_is_left_to_score():
+    """Evaluation switched on for the resumed run: the validation pairs were never scored."""
+    _, expected = _file()
     train_only = encode({"train": _tables()["train"]}, {"train": "fp-train"})
-    with pytest.raises(ResumeRefused, match="it holds the reference log-probs of none val pairs"):
-        decode(train_only, WHERE, expected)
+    assert list(decode(train_only, WHERE, expected)) == ["train"]
 
 
 def test_the_fingerprint_follows_what_the_pairs_hold():
