@@ -12,7 +12,9 @@ epoch); the single one's checkpoints are in a bucket (moto's S3 server) with the
 step 2 reads the table back instead of scoring again, a table for other data or a damaged one is refused in one
 line, and no reference is planned or held."""
 import pytest
+import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load
 
 from framework import storage
 from framework.data.assets import path as asset_path
@@ -153,7 +155,9 @@ def test_a_resume_reads_the_table_back_from_the_bucket(precomputed, s3_env, monk
     meta = storage.read_text(f"{precomputed['bucket']}/step_00000004/meta.json")
     assert TABLE in meta        # each checkpoint holds it, in its manifest
     # and the resumed run's own checkpoints hold the table it read
-    assert storage.read_bytes(f"{precomputed['resumed_bucket']}/step_00000004/{TABLE}") == storage.read_bytes(table)
+    kept, read = (load(storage.read_bytes(path)) for path in (f"{precomputed['resumed_bucket']}/step_00000004/{TABLE}",
+                                                              table))
+    assert kept.keys() == read.keys() == {"train", "val"} and all(torch.equal(kept[k], read[k]) for k in read)
 
 
 def _bucket_state(prefix: str) -> dict[str, bytes]:
