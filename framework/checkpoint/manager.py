@@ -55,10 +55,16 @@ class CheckpointManager:
         self.root = checkpoint_dir(cfg, run_dir)
         self.in_place = storage.is_url(self.root)     # an object store: no rename, meta.json completes a save
         self._pending = None
+        self._kept: dict[str, bytes] = {}
 
     def should_save(self, step: int, is_last: bool) -> bool:
         c = self.cfg.checkpoint
         return c.enabled and (is_last or (c.interval > 0 and step % c.interval == 0))
+
+    def keep_with_each(self, name: str, data: bytes) -> None:
+        """A file each checkpoint from now on holds beside the state (rank 0 writes it; the manifest lists it, and
+        the save's commit makes it complete with the rest): what the run computed once and a resume reads back."""
+        self._kept[name] = data
 
     def save(self, step: int, record: dict | None = None) -> None:
         """Save this step (`record`: its metrics, where checkpoint.score comes from); with
@@ -70,6 +76,8 @@ class CheckpointManager:
         if _rank() == 0:
             storage.remove_tree(target, first=META)     # an earlier attempt's leftovers (complete or not)
             storage.makedirs(storage.join(target, RNG))
+            for name, data in self._kept.items():
+                storage.write_bytes(storage.join(target, name), data)
         _barrier()
         buffer = io.BytesIO()
         torch.save(rng_state(), buffer)
@@ -132,8 +140,12 @@ class CheckpointManager:
     def resume(self, continues: bool, announce: bool) -> int:
         """The step this run continues from: the checkpoint checkpoint.resume names (for a worker group that
         re-forms an earlier one, the newest) loaded, else 0 (resolve_resume says which, `announce` where)."""
-        path = resolve_resume(self.cfg, self.run_dir, continues, announce)
+        path = self.to_resume(continues, announce)
         return self.load(path) if path else 0
+
+    def to_resume(self, continues: bool, announce: bool) -> str | None:
+        """The checkpoint `resume` would load (None: none), for what must be read before the state is."""
+        return resolve_resume(self.cfg, self.run_dir, continues, announce)
 
     def save_unless_saved(self, step: int, saved: bool, before_saving) -> None:
         """A stop between steps (preemption): this step's checkpoint where it has none yet (`before_saving()`

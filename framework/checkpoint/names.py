@@ -11,6 +11,8 @@ a checkpoint's files, the step directories that are complete, their meta.json.
         state/            the strategy's own state (DCP shards, or DeepSpeed's engine files)
         rng/rank_00000.pt RNG states per rank (tensors only)
         tokenizer.json    a copy of the data's tokenizer, when it has one (byte-level data records none)
+        reference_logps.safetensors  objective.precompute_reference: the reference's log-probs of every pair
+                          (framework/train/reference_table.py)
 """
 from __future__ import annotations
 

@@ -32,6 +32,9 @@ REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "r
 @dataclass
 class PreferenceOptions(ObjectiveOptions):
     beta: float = 0.1                       # how far from the reference (dpo) / the reward scale (simpo, orpo)
+    #: score every pair with the reference once, before training, and keep the log-probs with the checkpoints
+    #: (framework/train/reference_table.py) instead of holding the reference through training
+    precompute_reference: bool = False
 
 
 def pair_logps(output: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

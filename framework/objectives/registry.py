@@ -48,5 +48,12 @@ def objective_of(cfg) -> Objective:
 
 
 def frozen_reference(cfg) -> bool:
-    """Whether the job holds a frozen copy of the model as its objective's reference (no LoRA to switch off)."""
-    return class_of(cfg).needs_reference and not cfg.lora.enabled
+    """Whether the job holds a frozen copy of the model as its objective's reference through training (no LoRA to
+    switch off, no table of log-probs computed before training)."""
+    return class_of(cfg).needs_reference and not cfg.lora.enabled and not precomputed_reference(cfg)
+
+
+def precomputed_reference(cfg) -> bool:
+    """Whether the reference's log-probs are computed once, before training (objective.precompute_reference)."""
+    options = cfg.get("objective")
+    return options is not None and class_of(cfg).needs_reference and bool(options.get("precompute_reference", False))

@@ -36,7 +36,12 @@ def validate_objective(cfg, frozen_reference: bool, strategy: str) -> None:
         raise ConfigError("objective.beta", f"must be positive, got {options.beta}")
     if not 0 <= options.get("label_smoothing", 0.0) < 0.5:
         raise ConfigError("objective.label_smoothing", f"must be in [0, 0.5), got {options.label_smoothing}")
-    if objective.needs_reference and not cfg.lora.enabled and not frozen_reference:
+    if options.get("precompute_reference") and not objective.needs_reference:
+        raise ConfigError("objective.precompute_reference", f"objective={name} reads no reference model, so there "
+                                                            f"is nothing to precompute; leave it false")
+    if objective.needs_reference and not cfg.lora.enabled and not frozen_reference \
+            and not options.get("precompute_reference"):
         raise ConfigError("objective", f"objective={name} needs a reference model, and parallel={strategy} builds "
                                        f"no frozen copy of the model; train LoRA adapters (lora.enabled=true: the "
-                                       f"reference is the base with them off) or shard with parallel=fsdp")
+                                       f"reference is the base with them off), score the pairs once before "
+                                       f"training (objective.precompute_reference=true) or shard with parallel=fsdp")

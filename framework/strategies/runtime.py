@@ -208,6 +208,14 @@ class Strategy(StrategyTraits, abc.ABC):
         dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
         return value / dist.get_world_size(group)
 
+    def all_gather(self, value: torch.Tensor) -> torch.Tensor:
+        """Every rank's `value` (the same shape on each), concatenated along dim 0 in rank order."""
+        if not dist.is_initialized():
+            return value
+        parts = [torch.empty_like(value, device=self.device) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, value.to(self.device))
+        return torch.cat(parts).to(value.device)
+
     def barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()

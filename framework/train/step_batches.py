@@ -12,6 +12,7 @@ failed before it stops at launcher.timeout_s instead.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -50,10 +51,27 @@ class StepBatches:
         self.retry = t.on_oom == "retry"
         self._planned = None
         self.reference = None       # a ReferencePass, once the strategy has its model (Trainer.fit)
+        self._batch = None          # (sampler, step) of the global batch being run
 
+    @contextlib.contextmanager
     def global_batch(self, sampler, step: int):
-        """Losses within are shares of the mean over the targets step `step`'s global batch trains."""
-        return self.objective.global_batch(sampler, step)
+        """Within, losses are shares of the mean over the targets step `step`'s global batch trains (and the
+        micro-batches cut are of that batch: the precomputed reference looks its pairs up by id)."""
+        self._batch = (sampler, step)
+        try:
+            with self.objective.global_batch(sampler, step):
+                yield
+        finally:
+            self._batch = None
+
+    def _local_ids(self):
+        """(sampler, this rank's share of the ids of the global batch being run), or (None, None) outside one."""
+        if self._batch is None:
+            return None, None
+        sampler, step = self._batch
+        ids = sampler.sequence_ids(step)
+        share = len(ids) // self.strategy.dp_size
+        return sampler, ids[self.strategy.dp_rank * share:(self.strategy.dp_rank + 1) * share]
 
     def layout_of(self, step: int):
         """The batch layout of training step `step` (1-based)."""
@@ -66,7 +84,7 @@ class StepBatches:
         found = [self.objective.prepare(batch) for batch in found]
         self.objective.begin_step()
         if self.reference is not None:
-            self.reference.run(found)
+            self.reference.run(found, *(self._local_ids() if self.reference.precomputed else ()))
         return found
 
     def record(self, step: int) -> dict:

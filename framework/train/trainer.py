@@ -76,7 +76,10 @@ class Trainer:
         self.batches.reference = ReferencePass(cfg, s, self.objective, model_factory)
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)
-        self.step = checkpoints.resume(continues, announce=s.is_main)     # 0: nothing to resume
+        resume_from = checkpoints.to_resume(continues, announce=s.is_main)
+        self.batches.reference.precompute({"train": self.train_data, "val": self.val_data}, self.batches, checkpoints,
+                                          resume_from)
+        self.step = checkpoints.load(resume_from) if resume_from else 0     # 0: nothing to resume
         if s.is_main and (self.step or continues):
             # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
             truncate_metrics(self.run_dir, after_step=self.step)

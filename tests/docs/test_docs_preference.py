@@ -2,8 +2,8 @@
 checkout, in README's environment plus the `hf` extra the page installs, in order (dpo_tiny as written: the page
 says what it learns within its steps; the other jobs shortened to 2 steps); dpo_tiny starts where the page says
 (loss ln 2, every reward 0) and ends with rewards/accuracies above 0.5 and a positive margin; the LoRA job holds
-no reference model of its own; the export writes the weights; ORPO's first loss is its NLL minus beta times its
-log_odds_ratio."""
+no reference model of its own, nor does the one whose reference is precomputed (its pass said once); the export
+writes the weights; ORPO's first loss is its NLL minus beta times its log_odds_ratio."""
 import json
 import math
 import shutil
@@ -52,3 +52,9 @@ def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
     orpo = _records(tmp_path / "outputs" / "orpo")     # no reference; the NLL and odds ratio as the page says
     assert "reference_bytes" not in orpo[-1] and orpo[-1]["nll_loss"] > 0 and orpo[-1]["log_odds_ratio"] < 0
     assert abs(orpo[0]["loss"] - (orpo[0]["nll_loss"] - 0.1 * orpo[0]["log_odds_ratio"])) < 1e-5
+    precomputed = _records(tmp_path / "outputs" / "dpo_precomputed")
+    assert "reference_bytes" not in precomputed[-1] and abs(precomputed[0]["loss"] - math.log(2)) < 1e-6
+    said = next(out for c, out in outputs.items() if "outputs/dpo_precomputed" in c)
+    trained = precomputed[0]["data/pairs"] - precomputed[0]["data/pairs_dropped"]    # every pair kept, once
+    assert [line.split(" in ")[0] for line in said.splitlines() if line.startswith("objective.precompute_reference:")] \
+        == [f"objective.precompute_reference: scored {trained} train pairs with the reference model"]

@@ -80,6 +80,11 @@ NOT_CROSSED: dict[str, str] = {
     **dict.fromkeys(("objective.beta", "objective.gamma", "objective.label_smoothing"),
                     "a preference objective's numbers: each objective is crossed (objective=), its constants are "
                     "not modes; tests/unit/objectives holds them to TRL"),
+    "objective.precompute_reference": (
+        "where dpo's reference log-probs come from, not what trains: the pass before training is each layout's own "
+        "eval_loss over its training micro-batches, and tests/integration/objectives/test_preference_runs.py holds "
+        "single and fsdp x2 to the live reference's losses and rewards bit for bit (a resume reading the table back "
+        "too); crossed, it would double every dpo job"),
     "objective.loss_type": ("objective=dpo's loss on the same log-probs (sigmoid, ipo, hinge), each held to TRL's "
                             "by tests/unit/objectives; every one reads the log-probs the crossed layouts compute"),
     **dict.fromkeys(("optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.foreach", "optimizer.momentum",

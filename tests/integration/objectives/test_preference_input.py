@@ -2,7 +2,8 @@
 `error:` line naming the file and row or the key, exit 2, nothing written: a record without `chosen` or
 `rejected`, identical answers, strings mixed with message lists; preference data with packing, or with an
 objective that trains tokens; a non-positive objective.beta (orpo); a preference objective (dpo, orpo) on token
-data; DPO's reference where the strategy builds no frozen copy. One job of the real entrypoint shows the line and the exit code a user sees."""
+data; DPO's reference where the strategy builds no frozen copy; a reference to precompute for an objective that
+reads none. One job of the real entrypoint shows the line and the exit code a user sees."""
 import json
 
 import pytest
@@ -46,6 +47,8 @@ def test_a_bad_record_is_one_line_naming_file_and_row(compose_config, tmp_path, 
     (["objective=orpo", "objective.beta=-0.1"], "objective.beta", "must be positive, got -0.1"),
     (["objective=dpo", "parallel=3d", "parallel.tp=1", "parallel.pp=2"], "parallel.pp",
      "set parallel.pp=1, or data.packing=true where the data packs (preference pairs do not)"),
+    (["objective.precompute_reference=true"], "objective.precompute_reference",
+     "objective=simpo reads no reference model, so there is nothing to precompute"),
 ])
 def test_jobs_a_preference_objective_cannot_train_are_refused_in_one_line(compose_config, tmp_path, overrides, key,
                                                                           says):

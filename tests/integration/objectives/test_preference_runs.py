@@ -4,16 +4,28 @@ metrics included; fsdp x2 (the reference sharded as the policy) gives single's; 
 planned and as measured: a frozen copy costs a model's parameters (reference_bytes, and the peak resident set
 against SimPO's, which has no reference, on a model large enough to see it), LoRA's base with the adapters off
 costs nothing of the kind. ORPO on fsdp x2, one pair a micro-batch, gives single's in two pairs a micro-batch, its
-NLL (a mean over the global batch's chosen tokens) and TRL's metrics included. Layouts and options crossed with each objective are the combination matrix's
-(tests/matrix: objective=dpo and simpo with every strategy, LoRA, precision, checkpointing)."""
-import pytest
-from omegaconf import OmegaConf
+NLL (a mean over the global batch's chosen tokens) and TRL's metrics included. Layouts and options crossed with each
+objective are the combination matrix's (tests/matrix: objective=dpo and simpo with every strategy, LoRA, precision,
+checkpointing).
 
+objective.precompute_reference=true: the single and fsdp jobs again with the reference's log-probs scored before
+training give the live reference's numbers bit for bit (the pass runs the training micro-batches of the first
+epoch); the single one's checkpoints are in a bucket (moto's S3 server) with the table in each, a resume from its
+step 2 reads the table back instead of scoring again, a table for other data or a damaged one is refused in one
+line, and no reference is planned or held."""
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load
+
+from framework import storage
 from framework.data.assets import path as asset_path
 from framework.objectives.orpo import ORPO
 from framework.objectives.preference import REWARD_METRICS
+from framework.train.reference_table import TABLE
 from tests.harness.helpers import FAST, check_ok, read_metrics, run_framework
 from tests.harness.parity import assert_series_parity
+from tests.harness.servers import make_bucket
 
 STEPS = 4
 
@@ -21,7 +33,8 @@ STEPS = 4
 def _pairs(root):
     return ["data=preference", f"data.path={asset_path('tiny_prefs.jsonl')}", "data.tokenizer=bytes",
             "data.chat_template=chatml", "data.seq_len=64", f"data.cache_dir={root / 'cache'}",
-            "trainer.global_batch_size=4", "trainer.micro_batch_size=1", f"trainer.max_steps={STEPS}"]
+            "trainer.global_batch_size=4", "trainer.micro_batch_size=1", f"trainer.max_steps={STEPS}",
+            "trainer.eval_every=2", "trainer.eval_batches=1"]
 
 
 #: a model whose frozen copy (~50 MB) stands out of a CPU process's resident-set noise (a few MB)
@@ -46,7 +59,7 @@ def runs(tmp_path_factory):
 
 
 def _series(run_dir, key, steps=None):
-    return [r[key] for r in read_metrics(run_dir) if steps is None or r["step"] in steps]
+    return [r[key] for r in read_metrics(run_dir) if key in r and (steps is None or r["step"] in steps)]
 
 
 def test_a_resume_replays_the_losses_and_rewards_exactly(runs):
@@ -118,3 +131,92 @@ def test_orpo_on_fsdp_gives_singles_losses_and_metrics(orpo_runs):
     for key in ("rewards/chosen", "rewards/rejected"):
         assert_series_parity(key, _series(orpo_runs["fsdp"], key), _series(orpo_runs["single"], key),
                              "fp32-distributed")
+
+
+PRECOMPUTE = ["objective=dpo", "objective.precompute_reference=true"]
+KEYS = ("loss", "grad_norm", "val_loss", *REWARD_METRICS)
+
+
+@pytest.fixture(scope="module")
+def precomputed(runs, s3_env):
+    """`runs`' single job with the reference precomputed, its checkpoints in a bucket; resumed there from step 2
+    (into checkpoints of its own); `runs`' fsdp job with the reference precomputed."""
+    root = runs["single"].parent
+    bucket = make_bucket(s3_env, "precomputed")
+    out = {"single": root / "pre_single", "resumed": root / "pre_resumed", "fsdp": root / "pre_fsdp",
+           "bucket": f"{bucket}/single", "resumed_bucket": f"{bucket}/resumed"}
+    base = [*FAST, *_pairs(root), *PRECOMPUTE]
+    out["single_proc"] = run_framework([*base, "checkpoint.enabled=true", "checkpoint.interval=2",
+                                        f"checkpoint.dir={out['bucket']}"], out["single"], env=s3_env)
+    check_ok(out["single_proc"])
+    out["resumed_proc"] = run_framework([*base, "checkpoint.enabled=true", "checkpoint.interval=2",
+                                         f"checkpoint.dir={out['resumed_bucket']}",
+                                         f"checkpoint.resume={out['bucket']}/step_00000002"], out["resumed"], env=s3_env)
+    check_ok(out["resumed_proc"])
+    out["fsdp_proc"] = run_framework([*base, "parallel=fsdp", "zero=stage3", "launcher.nproc_per_node=2"], out["fsdp"])
+    check_ok(out["fsdp_proc"])
+    return out
+
+
+@pytest.mark.parametrize("name", ["single", "fsdp"])
+def test_a_precomputed_reference_gives_the_live_references_numbers(runs, precomputed, name):
+    for key in KEYS:
+        assert _series(precomputed[name], key) == _series(runs[name], key) != [], key
+    said = [line for line in precomputed[f"{name}_proc"].stdout.splitlines() if line.startswith("objective.precompute_reference:")]
+    assert len(said) == 1 and said[0].startswith("objective.precompute_reference: scored 251 train pairs and 5 val "
+                                                 "pairs with the reference model"), said
+    # no frozen copy held, none planned
+    assert "reference_bytes" not in read_metrics(precomputed[name])[-1] and _planned_reference(precomputed[name]) == 0
+
+
+def test_a_resume_reads_the_table_back_from_the_bucket(precomputed, s3_here):
+    assert [r["step"] for r in read_metrics(precomputed["resumed"])] == [3, 4]
+    for key in KEYS:
+        assert _series(precomputed["resumed"], key) == _series(precomputed["single"], key, {3, 4}), key
+    table = f"{precomputed['bucket']}/step_00000002/{TABLE}"
+    said = [line for line in precomputed["resumed_proc"].stdout.splitlines() if line.startswith("objective.precompute_reference:")]
+    # read, not scored again: the pass's one line says so
+    assert len(said) == 1 and said[0].startswith(f"objective.precompute_reference: read the reference log-probs of "
+                                                 f"251 train pairs and 5 val pairs from {table}"), said
+    meta = storage.read_text(f"{precomputed['bucket']}/step_00000004/meta.json")
+    assert TABLE in meta        # each checkpoint holds it, in its manifest
+    # and the resumed run's own checkpoints hold the table it read
+    kept, read = (load(storage.read_bytes(path)) for path in (f"{precomputed['resumed_bucket']}/step_00000004/{TABLE}",
+                                                              table))
+    assert kept.keys() == read.keys() == {"train", "val"} and all(torch.equal(kept[k], read[k]) for k in read)
+
+
+def _bucket_state(prefix: str) -> dict[str, bytes]:
+    import fsspec
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    return {path: fs.cat_file(path) for path in fs.find(prefix.removeprefix("s3://"))}
+
+
+def test_a_table_for_other_data_is_refused_in_one_line_leaving_the_bucket_as_it_was(precomputed, s3_here, tmp_path):
+    before = _bucket_state(precomputed["bucket"])
+    step = f"{precomputed['bucket']}/step_00000002"
+    proc = run_framework([*FAST, *_pairs(precomputed["single"].parent), *PRECOMPUTE, "data.seq_len=48",
+                          "checkpoint.enabled=true", f"checkpoint.resume={step}"], tmp_path / "run", env=s3_here)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: checkpoint.resume: refusing {step}/{TABLE}: it holds the reference log-probs of 251 train pairs, "
+        f"the data has 231 now; start without checkpoint.resume (the pairs are scored again) or with the data it was "
+        f"saved with"]
+    assert _bucket_state(precomputed["bucket"]) == before
+
+
+def test_a_damaged_table_is_refused_in_one_line(precomputed, s3_here, tmp_path):
+    """A copy of step 2 on disk with one byte of the table's log-probs flipped (the bucket's is left as it was)."""
+    import fsspec
+    copy = tmp_path / "step_00000002"
+    fsspec.filesystem("s3").get(f"{precomputed['bucket']}/step_00000002/", str(copy), recursive=True)
+    data = bytearray((copy / TABLE).read_bytes())
+    data[-3] ^= 0x40
+    (copy / TABLE).write_bytes(bytes(data))
+    proc = run_framework([*FAST, *_pairs(precomputed["single"].parent), *PRECOMPUTE, "checkpoint.enabled=true",
+                          f"checkpoint.resume={copy}"], tmp_path / "run")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint.resume: refusing {copy}: {copy / TABLE} is "
+                                                   f"damaged"), lines
