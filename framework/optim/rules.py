@@ -27,6 +27,10 @@ def validate_optimizer_extra(cfg) -> None:
 
 def validate_optimizer(cfg, cls, strategy_cls, skeleton) -> None:
     """cls: optimizer._target_'s class; skeleton(): the model on the meta device (for optimizer.groups' names)."""
+    if cfg.optimizer.get("bf16_stochastic_round") is not None and cfg.precision.get("store_dtype") != "bfloat16":
+        raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters (its moments take their "
+                                       f"dtype); set precision=bf16 precision.store_dtype=bfloat16, or "
+                                       f"optimizer=adamw for fp32 parameters")
     why = steps_whole_tensors(cls)
     if why and strategy_cls.flat_optimizer_partitions:
         raise ConfigError("optimizer", f"{cfg.optimizer._target_} is refused under parallel={strategy_cls.name}: "
