@@ -11,8 +11,8 @@ it holds
   SPECS), or an optimizer._target_ not one of the schema's optimizers, unless the reader trusts the
   checkpoint's code (TRUST_FLAG: any class may then be imported; interpolations and nested `_target_` are still
   refused);
-- in the sections the readers use (model, against its family's schema; lora; data; precision): a value of the wrong type,
-  a key the schema does not know, a choice outside its set, a missing value.
+- in the sections the readers use (model, against its family's schema; lora; data; precision): a value of the
+  wrong type, a key the schema does not know, a choice outside its set, a missing value.
 Those sections come back typed and read-only; nothing else of the file is passed on. A model=hf checkpoint
 never makes transformers run code from a dir it names (framework/models/hf: trust_remote_code=False).
 """

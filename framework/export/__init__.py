@@ -2,9 +2,9 @@
 in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter). A LoRA run's
 checkpoint gives the base weights plus the adapter in PEFT's format (export/adapter.py), or with `merge` the
 merged weights. The weights are written in fp32, or in bf16 where the run stored its parameters so
-(precision.store_dtype=bfloat16: the same values). The checkpoint's config.yaml is read as data (framework/config/saved.py): it names no code to
-run, and nothing of the reader's environment reaches the files written. Those get the modes of files the user
-creates (their umask), the folder too."""
+(precision.store_dtype=bfloat16: the same values). The checkpoint's config.yaml is read as data
+(framework/config/saved.py): it names no code to run, and nothing of the reader's environment reaches the files
+written. Those get the modes of files the user creates (their umask), the folder too."""
 from __future__ import annotations
 
 import glob

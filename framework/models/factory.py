@@ -20,12 +20,14 @@ from framework.models.spec import ModelSpec, spec_for
 
 
 def store_parameters(model: nn.Module, store_dtype: str | None) -> nn.Module:
-    """precision.store_dtype=bfloat16: every parameter of `model` held in bf16, its value rounded to nearest (float32
-    or None: as built, a LoRA base in lora.base_dtype). Buffers (RoPE tables) keep their dtype, as FSDP2's policy
-    leaves them; a tied parameter stays one."""
+    """precision.store_dtype=bfloat16: every trained parameter of `model` held in bf16, its value rounded to nearest
+    (float32 or None: as built, a LoRA base in lora.base_dtype). One the model moves itself, without a gradient (MoE's
+    expert_bias, in steps far below a bf16 step), and buffers (RoPE tables) keep their dtype, as FSDP2's policy leaves
+    them; a tied parameter stays one."""
     if store_dtype == "bfloat16":
         for p in model.parameters():
-            p.data = p.data.to(torch.bfloat16)
+            if p.requires_grad:
+                p.data = p.data.to(torch.bfloat16)
     return model
 
 

@@ -29,8 +29,8 @@ def validate_optimizer(cfg, cls, strategy_cls, skeleton) -> None:
     """cls: optimizer._target_'s class; skeleton(): the model on the meta device (for optimizer.groups' names)."""
     if cfg.optimizer.get("bf16_stochastic_round") is not None:
         if "bfloat16" not in strategy_cls.store_dtypes:
-            raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters, which "
-                                           f"parallel={strategy_cls.name} does not keep: {strategy_cls.store_dtype_note}")
+            raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters, which parallel="
+                                           f"{strategy_cls.name} does not keep: {strategy_cls.store_dtype_note}")
         if cfg.precision.get("store_dtype") != "bfloat16":
             raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters (its moments take their "
                                            f"dtype); set precision=bf16 precision.store_dtype=bfloat16, or "

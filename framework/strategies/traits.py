@@ -182,7 +182,7 @@ class StrategyTraits:
             note = f": {cls.precision_note}" if cls.precision_note else ""
             raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
                                            f"it supports {', '.join(cls.precisions)}{note}")
-        if cfg.precision.get("store_dtype", cls.store_dtypes[0]) not in cls.store_dtypes:
+        if cfg.precision.get("store_dtype") not in (None, *cls.store_dtypes):
             raise ConfigError("precision.store_dtype", f"parallel={cls.name} keeps parameters in "
                                                        f"{', '.join(cls.store_dtypes)}: {cls.store_dtype_note}")
         validate_activation_checkpointing(cfg)
