@@ -78,6 +78,7 @@ def runs(compose_config):
 
 
 def test_single_equals_torchao_adamw_on_the_bf16_cast_model(runs):
+    assert "_AdamW" in torchao_optim.__all__        # conf/optimizer/adamw_bf16.yaml names it so
     assert type(runs["optimizer"]) is torchao_optim._AdamW and runs["optimizer"].bf16_stochastic_round
     assert all(p.dtype == torch.bfloat16 for p in runs["initial"])
     assert all(torch.equal(p, q) for p, q in zip(runs["initial"], runs["cast"]))     # the fp32 init, rounded
