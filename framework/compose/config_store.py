@@ -30,6 +30,7 @@ def register_configs() -> None:
     cs.store(group="schema/optimizer", name="sgd", node=schema.SGDConfig)
     cs.store(group="schema/optimizer", name="muon", node=schema.MuonConfig)
     cs.store(group="schema/optimizer", name="lowbit", node=schema.LowBitAdamWConfig)
+    cs.store(group="schema/optimizer", name="bf16", node=schema.BF16AdamWConfig)
     cs.store(group="schema/scheduler", name="scheduler", node=schema.SchedulerConfig)
     cs.store(group="schema/scheduler", name="wsd", node=schema.WSDConfig)
     cs.store(group="schema/data", name="data", node=schema.DataConfig)

@@ -11,8 +11,8 @@ it holds
   SPECS), or an optimizer._target_ not one of the schema's optimizers, unless the reader trusts the
   checkpoint's code (TRUST_FLAG: any class may then be imported; interpolations and nested `_target_` are still
   refused);
-- in the sections the readers use (model, against its family's schema; lora; data): a value of the wrong type,
-  a key the schema does not know, a choice outside its set, a missing value.
+- in the sections the readers use (model, against its family's schema; lora; data; precision): a value of the
+  wrong type, a key the schema does not know, a choice outside its set, a missing value.
 Those sections come back typed and read-only; nothing else of the file is passed on. A model=hf checkpoint
 never makes transformers run code from a dir it names (framework/models/hf: trust_remote_code=False).
 """
@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from framework import storage
 from framework.checkpoint.names import CONFIG
 from framework.config.choices import check_choices
-from framework.config.schema import DataConfig, LoraConfig, OptimizerConfig
+from framework.config.schema import DataConfig, LoraConfig, OptimizerConfig, PrecisionConfig
 from framework.errors import ConfigError
 from framework.models.spec import SPECS, ModelSpec, spec_for, spec_named
 
@@ -42,7 +42,7 @@ INSTANTIATE_KEYS = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_
 #: where a saved config names a class (the rest of the file names none)
 CLASS_KEYS = ("model._target_", "optimizer._target_")
 #: the typed sections a reader gets back, besides the model (typed by its family's schema)
-SECTIONS = {"lora": LoraConfig, "data": DataConfig}
+SECTIONS = {"lora": LoraConfig, "data": DataConfig, "precision": PrecisionConfig}
 
 
 class SavedConfigError(ValueError):
@@ -55,6 +55,7 @@ class SavedConfig:
     model: DictConfig           # typed by spec.config_schema() (untyped for a trusted class of no family)
     lora: DictConfig
     data: DictConfig
+    precision: DictConfig       # the exporter writes the weights in precision.store_dtype
 
 
 def read_saved_config(step_dir: str, trust_code: bool = False) -> SavedConfig:

@@ -26,7 +26,7 @@ from framework.models.lora import BASE_DTYPES
 from framework.optim.names import ALGORITHMS, MUON_MODES
 from framework.optim.schedulers import DECAYS, SCHEDULES
 from framework.parallel.compile import BACKENDS as COMPILE_BACKENDS
-from framework.parallel.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES
+from framework.parallel.precision import COMPUTE_DTYPES, DTYPES, FLOAT8_RECIPES, STORE_DTYPES
 from framework.runtime.engines import ENGINES
 from framework.storage.timeouts import DEFAULT_TIMEOUT_S as STORAGE_TIMEOUT_S
 
@@ -82,6 +82,9 @@ class PrecisionConfig:
     name: OneOf[COMPUTE_DTYPES] = "fp32"    # the compute dtype; set by the group option (precision=<name>)
     param_dtype: OneOf[DTYPES] = "float32"    # compute dtype: autocast dtype, or FSDP2's all-gather dtype
     reduce_dtype: OneOf[DTYPES] = "float32"   # gradient reduction dtype (FSDP2); master weights stay fp32
+    # parameters as stored: float32 (the master weights) | bfloat16 (precision=bf16 only: parameters, gradients and
+    # optimizer states in bf16, no fp32 copy; the fp32 init rounded; optimizer=adamw_bf16 rounds stochastically)
+    store_dtype: OneOf[STORE_DTYPES] = "float32"
     allow_tf32: bool = True             # CUDA: fp32 matmuls on TF32 tensor cores (MFU then uses the TF32 peak)
     float8_recipe: OneOf[FLOAT8_RECIPES] = "tensorwise"  # float8: tensorwise (FSDP2 all-gathers float8) | rowwise (one scale a row)
     float8_emulate: bool = False            # float8: emulate the float8 matmuls (numerics only: tests, CPU)
@@ -139,6 +142,20 @@ class LowBitAdamWConfig(OptimizerConfig):
     eps: float = 1e-8                       # added to the denominator for numerical stability
     # values per scale of the quantised states; a tensor under 4096 values (or not a multiple) keeps fp32 states
     block_size: int = 256
+
+
+@dataclass
+class BF16AdamWConfig(OptimizerConfig):
+    """optimizer=adamw_bf16: torchao's AdamW on bf16 parameters (precision.store_dtype=bfloat16), its two moments
+    bf16 as well; each update computed in fp32 and rounded back stochastically."""
+    _target_: str = "torchao.optim._AdamW"
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # Adam's moment decay rates
+    eps: float = 1e-8                       # added to the denominator for numerical stability
+    # round the updated bf16 parameters up or down with the probability of their distance (unbiased); false:
+    # to nearest, which loses every update smaller than half a bf16 step
+    bf16_stochastic_round: bool = True
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """`python -m framework.export <checkpoint step dir> <out dir>`: consolidated HF safetensors + config.json,
 in the Hugging Face layout of the checkpoint's model family (its spec's state-dict adapter). A LoRA run's
 checkpoint gives the base weights plus the adapter in PEFT's format (export/adapter.py), or with `merge` the
-merged weights. The checkpoint's config.yaml is read as data (framework/config/saved.py): it names no code to
-run, and nothing of the reader's environment reaches the files written. Those get the modes of files the user
-creates (their umask), the folder too."""
+merged weights. The weights are written in fp32, or in bf16 where the run stored its parameters so
+(precision.store_dtype=bfloat16: the same values). The checkpoint's config.yaml is read as data
+(framework/config/saved.py): it names no code to run, and nothing of the reader's environment reaches the files
+written. Those get the modes of files the user creates (their umask), the folder too."""
 from __future__ import annotations
 
 import glob
@@ -13,6 +14,7 @@ import shutil
 import stat
 import uuid
 
+import torch
 from safetensors.torch import save_file
 
 from framework import storage
@@ -113,6 +115,9 @@ def export(step_dir: str, out_dir: str, force: bool = False, merge: bool = False
     except hf_files.LayoutError as e:
         raise ExportError(f"{step_dir}: {e}") from None
     config = spec.hf_config(model)
+    if saved.precision.store_dtype == "bfloat16":
+        tensors = {name: t.to(torch.bfloat16) for name, t in tensors.items()}   # read as fp32: exact both ways
+        config["torch_dtype"] = "bfloat16"
     tok = _tokenizer(step_dir, saved)
     if tok is not None:
         _fill_special_token_ids(config, tok)

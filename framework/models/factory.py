@@ -5,6 +5,7 @@ from torch's global seed) or loaded from checkpoint.initial_load (or the model's
 model=hf's pretrained). Sharded layouts instead take the skeleton on the meta device (`meta()`), split
 and shard it, then `materialize` it: every rank allocates only its own shards and fills each with its
 slice of the seeded full parameter, or reads only that slice from the safetensors files.
+With precision.store_dtype=bfloat16 the parameters are held in bf16 either way: the fp32 initial value rounded.
 """
 from __future__ import annotations
 
@@ -18,9 +19,22 @@ from framework.models import lora
 from framework.models.spec import ModelSpec, spec_for
 
 
+def store_parameters(model: nn.Module, store_dtype: str | None) -> nn.Module:
+    """precision.store_dtype=bfloat16: every trained parameter of `model` held in bf16, its value rounded to nearest
+    (float32 or None: as built, a LoRA base in lora.base_dtype). One the model moves itself, without a gradient (MoE's
+    expert_bias, in steps far below a bf16 step), and buffers (RoPE tables) keep their dtype, as FSDP2's policy leaves
+    them; a tied parameter stays one."""
+    if store_dtype == "bfloat16":
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(torch.bfloat16)
+    return model
+
+
 class ModelFactory:
     def __init__(self, cfg):
         self.model_cfg = cfg.model
+        self.store_dtype = cfg.precision.get("store_dtype")
         self.seed = cfg.seed
         # a URL's files are downloaded once per machine (safetensors reads local files)
         self.initial_load = storage.local_copy(cfg.checkpoint.initial_load) if cfg.checkpoint.initial_load else None
@@ -43,7 +57,7 @@ class ModelFactory:
         torch.manual_seed(self.seed)
         model = self.spec.build(self.model_cfg)
         if any(p.is_meta for p in model.parameters()):
-            return self._adapted(model)
+            return store_parameters(self._adapted(model), self.store_dtype)
         self.spec.init_weights(model, self.model_cfg, self.seed)
         if self.initial_load:
             weights = self._weights()
@@ -58,7 +72,7 @@ class ModelFactory:
                     if lora.is_adapter(name):
                         lora.init_adapter(name, param, self.seed, params[lora.base_of(name)])
             lora.store_base(model, self.lora.base_dtype)
-        return model
+        return store_parameters(model, self.store_dtype)
 
     def lora_names(self, model: nn.Module) -> list[str]:
         """The linears lora.* adapts in this model."""
@@ -84,7 +98,7 @@ class ModelFactory:
 
     def meta(self) -> nn.Module:
         torch.manual_seed(self.seed)
-        return self._adapted(self.spec.meta_skeleton(self.model_cfg))
+        return store_parameters(self._adapted(self.spec.meta_skeleton(self.model_cfg)), self.store_dtype)
 
     def _weights(self):
         if self._hf_weights is None:

@@ -14,7 +14,7 @@ def steps_whole_tensors(cls) -> str | None:
         return ("Muon orthogonalises whole matrices (DeepSpeed's own Muon picks its matrices by name and does not "
                 "give torch.optim.Muon's update)")
     if cls.__module__.startswith("torchao."):
-        return "torchao's low-bit states are per parameter tensor (its blocks and its 4096-element threshold)"
+        return "torchao's optimizers step each parameter's own tensor (low-bit blocks, the 4096-element threshold)"
     return None
 
 
@@ -27,6 +27,14 @@ def validate_optimizer_extra(cfg) -> None:
 
 def validate_optimizer(cfg, cls, strategy_cls, skeleton) -> None:
     """cls: optimizer._target_'s class; skeleton(): the model on the meta device (for optimizer.groups' names)."""
+    if cfg.optimizer.get("bf16_stochastic_round") is not None:
+        if "bfloat16" not in strategy_cls.store_dtypes:
+            raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters, which parallel="
+                                           f"{strategy_cls.name} does not keep: {strategy_cls.store_dtype_note}")
+        if cfg.precision.get("store_dtype") != "bfloat16":
+            raise ConfigError("optimizer", f"{cfg.optimizer._target_} steps bf16 parameters (its moments take their "
+                                           f"dtype); set precision=bf16 precision.store_dtype=bfloat16, or "
+                                           f"optimizer=adamw for fp32 parameters")
     why = steps_whole_tensors(cls)
     if why and strategy_cls.flat_optimizer_partitions:
         raise ConfigError("optimizer", f"{cfg.optimizer._target_} is refused under parallel={strategy_cls.name}: "

@@ -45,12 +45,20 @@ def _squares(grads: list[torch.Tensor], layout, device: torch.device) -> torch.T
         # a pending reduction: the norm of the sum is not the sum of the shards' norms
         return torch.nn.utils.get_total_norm(grads).full_tensor().float().to(device) ** 2
     # on `device` before any all-reduce: an offloaded shard's norm is on the CPU
-    local = torch.nn.utils.get_total_norm([_local(g) for g in grads]).float().to(device) ** 2
+    local = _fp32_norm([_local(g) for g in grads]).to(device) ** 2
     if layout is not None:
         mesh, placements = layout
         for dim in sharded_dims(placements):
             dist.all_reduce(local, group=mesh.get_group(dim))
     return local
+
+
+def _fp32_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of plain tensors, in fp32. bf16 gradients (precision.store_dtype=bfloat16) are measured in fp32
+    tensor by tensor: torch's total norm would round each tensor's norm, and the total, to bf16."""
+    if all(g.dtype == torch.float32 for g in grads):
+        return torch.nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]))
 
 
 def sharded_dims(placements) -> list[int]:

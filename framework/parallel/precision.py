@@ -1,7 +1,8 @@
 """The precision plug-in of torch-native strategies: autocast, loss scaling and the scaled step.
 
 fp32 is the identity. bf16 and fp16 run the forward under torch.autocast (parameters, gradients
-and optimizer states stay fp32); fp16 adds dynamic loss scaling, whose skipped steps are counted.
+and optimizer states stay fp32), except bf16 with precision.store_dtype=bfloat16, whose parameters are bf16
+already (no autocast); fp16 adds dynamic loss scaling, whose skipped steps are counted.
 float8 is bf16 autocast around blocks whose linears torchao converts (framework/parallel/float8.py).
 Strategies that express precision in their own terms (FSDP2's MixedPrecisionPolicy, DeepSpeed's
 bf16/fp16 sections) build the plug-in with autocast=False and keep only its loss scaling.
@@ -24,6 +25,8 @@ COMPUTE_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "flo
 FLOAT8_RECIPES = ("tensorwise", "rowwise")
 #: dtype name (precision.param_dtype / reduce_dtype) -> torch dtype; the one such map in the framework
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: precision.store_dtype: what parameters (so gradients and optimizer states) are held in; bfloat16 only with bf16
+STORE_DTYPES = ("float32", "bfloat16")
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -41,6 +44,8 @@ def validate_precision(cfg) -> None:
     if p.param_dtype != COMPUTE_DTYPES[p.name]:
         raise ConfigError("precision.param_dtype", f"precision={p.name} computes in {COMPUTE_DTYPES[p.name]}, "
                                                    f"not {p.param_dtype}; pick the precision group instead")
+    if stores_bf16(p):
+        validate_bf16_parameters(cfg)
     kind = devices.device_type(cfg)
     if p.name != "fp32" and not compute_supported(DTYPES[p.param_dtype], kind):
         index = devices.local_gpu()
@@ -64,6 +69,22 @@ def validate_precision(cfg) -> None:
         if p.init_scale <= 0 or p.growth_factor <= 1 or not 0 < p.backoff_factor < 1 or p.growth_interval <= 0:
             raise ConfigError("precision", "loss scaling needs init_scale > 0, growth_factor > 1, "
                                            "0 < backoff_factor < 1 and growth_interval > 0")
+
+
+def stores_bf16(precision) -> bool:
+    """precision.store_dtype=bfloat16: parameters, gradients and optimizer states in bf16, no fp32 master."""
+    return precision.get("store_dtype") == "bfloat16"
+
+
+def validate_bf16_parameters(cfg) -> None:
+    if cfg.precision.name != "bf16":
+        raise ConfigError("precision.store_dtype", f"bfloat16 parameters compute in bf16, not in "
+                                                   f"precision={cfg.precision.name}; set precision=bf16")
+    lora = cfg.get("lora")
+    if lora is not None and lora.enabled:
+        raise ConfigError("precision.store_dtype", "adapters train in fp32 on their frozen base; keep "
+                                                   "precision.store_dtype=float32 (lora.base_dtype=bfloat16 "
+                                                   "stores the base in bf16)")
 
 
 def validate_float8(p, kind: str) -> None:
@@ -196,7 +217,7 @@ def build_precision(cfg, device: torch.device, autocast: bool = True) -> Precisi
     """The plug-in for `precision.name`; autocast=False when the strategy casts parameters itself."""
     name = cfg.precision.name
     plugin = Precision(cfg, device)
-    if name != "fp32" and autocast:
+    if name != "fp32" and autocast and not stores_bf16(cfg.precision):
         plugin = AutocastPrecision(cfg, device, compute_dtype(name))
     if name == "fp16":
         plugin = LossScaling(cfg, device, plugin)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from framework.objectives.registry import class_of
 from framework.parallel.batch_layout import batch_layout
+from framework.parallel.precision import stores_bf16
 from framework.strategies.registry import strategy_class
 
 if TYPE_CHECKING:
@@ -133,4 +134,5 @@ def layout_of(cfg: Config, world_size: int) -> Layout:
         seq_len=cfg.data.seq_len, precision=cfg.precision.name, cp=cp,
         ep=p.get("ep", 1) if "ep" in traits.model_parallel_dims else 1,
         float8_gather=cfg.precision.name == "float8" and cfg.precision.get("float8_recipe") == "tensorwise",
-        casting=Casting(weights=traits.casts_weights(cfg, world_size), autocast=traits.precision_autocast))
+        casting=Casting(weights=traits.casts_weights(cfg, world_size) or stores_bf16(cfg.precision),
+                        autocast=traits.precision_autocast and not stores_bf16(cfg.precision)))

@@ -60,18 +60,20 @@ class OptimizerKind:
         if target in LOW_BIT:
             bits, qmap = LOW_BIT[target]
             return cls(moments=2, scalars=1, bits=bits, block=opt_cfg.block_size, qmap_bytes=qmap)
-        if target in ("adamw", "adam", "fusedadam", "deepspeedcpuadam", "muonwithadamw"):
+        if target in ("adamw", "_adamw", "adam", "fusedadam", "deepspeedcpuadam", "muonwithadamw"):
             return cls(moments=2, scalars=1)
         if target == "sgd":
             return cls(moments=1 if opt_cfg.get("momentum", 0) else 0, scalars=0)
         return cls(moments=2, scalars=1)     # an optimizer we do not know: assume Adam-like
 
-    def bytes_for(self, numel: int) -> int:
+    def bytes_for(self, numel: int, value_bytes: float = FP32) -> int:
+        """States of a (local) tensor of `numel` values whose parameter takes `value_bytes` a value: unquantised
+        states take the parameter's dtype (bf16 ones under precision.store_dtype=bfloat16), the step stays fp32."""
         scalars = self.scalars * STEP_BYTES if numel else 0
         if self.bits < 32 and numel >= LOW_BIT_MIN_NUMEL and numel % self.block == 0:
             per_state = numel * self.bits // 8 + numel // self.block * FP32 + self.qmap_bytes
             return self.moments * per_state + scalars
-        return self.moments * numel * FP32 + scalars
+        return round(self.moments * numel * value_bytes) + scalars
 
 
 def decay_groups(shapes: list[ParamShape]) -> list[list[ParamShape]]:
@@ -113,19 +115,20 @@ def zero1_partition(groups: list[list[ParamShape]], world: int, rank: int = 0) -
 
 def torch_model_states(shapes: list[ParamShape], layout: Layout,
                        groups: list[tuple[OptimizerKind, list[ParamShape]]]) -> ModelStates:
-    """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): fp32
-    parameters (autocast or FSDP2's mixed-precision policy computes in low precision from them; a LoRA base as
-    lora.base_dtype stores it), gradients of the same local shape for what trains."""
+    """Replicas (zero: ZeroRedundancyOptimizer) and FSDP2 units (their shapes sharded already): parameters as
+    stored (fp32, from which autocast or FSDP2's mixed-precision policy computes in low precision; bf16 under
+    precision.store_dtype=bfloat16; a LoRA base as lora.base_dtype stores it), gradients of the same local shape
+    and dtype for what trains, optimizer states in that dtype too; no master copy either way."""
     param_bytes = round(sum(s.numel * s.itemsize for s in shapes))
     trainable = [s for s in shapes if s.trainable]
     kind = {s.name: k for k, group in groups for s in group}
     stepped = [s for _, group in groups for s in group]
     if layout.sharding == "replicate" and "optimizer" in layout.shards:
         stepped = zero1_partition([group for _, group in groups], layout.world)
-    opt = sum(kind[s.name].bytes_for(s.numel) for s in stepped)
+    opt = sum(kind[s.name].bytes_for(s.numel, s.itemsize) for s in stepped)
     offloaded = (param_bytes * 2 + opt) if layout.offload_params else 0
-    grads = sum(s.grad_numel for s in trainable) * FP32
-    scratch = sum(s.numel for s in stepped if kind[s.name].moments == 2) * FP32
+    grads = round(sum(s.grad_numel * s.itemsize for s in trainable))
+    scratch = round(sum(s.numel * s.itemsize for s in stepped if kind[s.name].moments == 2))
     return ModelStates(params=param_bytes, grads=grads, optimizer=opt, master=0, offloaded=offloaded,
                        step_scratch=scratch)
 

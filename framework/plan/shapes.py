@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from framework.models import lora
+from framework.models.factory import store_parameters
 from framework.models.spec import spec_for
 from framework.parallel.expert_parallel import expert_layers
 from framework.parallel.pipeline import stage_ids
@@ -32,7 +33,7 @@ class ParamShape:
     whole_grad: bool = False     # its gradient comes back replicated (a vocab-sharded embedding without FSDP)
     expert: bool = False         # an MoE expert weight: split over the ep ranks where ep > 1, then FSDP leaves it
     trainable: bool = True       # False: no gradient, no optimizer state (an MoE routing bias, a LoRA base)
-    itemsize: float = 4          # bytes an element takes as stored (a LoRA base in lora.base_dtype)
+    itemsize: float = 4          # bytes an element takes as stored (precision.store_dtype, a LoRA base's own)
 
     @property
     def numel(self) -> int:
@@ -74,11 +75,13 @@ _SHAPES: dict[tuple, list] = {}
 
 def _model_key(cfg: Config) -> str:
     lora_cfg = cfg.get("lora")
-    return config_key(cfg.model) + (config_key(lora_cfg) if lora_cfg is not None and lora_cfg.enabled else "")
+    return (config_key(cfg.model) + (config_key(lora_cfg) if lora_cfg is not None and lora_cfg.enabled else "")
+            + str(cfg.precision.get("store_dtype")))
 
 
 def meta_model(cfg: Config) -> nn.Module:
-    """The job's model on the meta device, with its adapters (lora.enabled: only they train)."""
+    """The job's model on the meta device, with its adapters (lora.enabled: only they train), its parameters in
+    precision.store_dtype."""
     key = _model_key(cfg)
     if key not in _META:
         spec = spec_for(cfg.model)
@@ -88,7 +91,7 @@ def meta_model(cfg: Config) -> nn.Module:
         if lora_cfg is not None and lora_cfg.enabled:
             names = lora.target_linears(model, spec.block_classes(model), lora_cfg.targets, spec.lora_skip())
             lora.apply_lora(model, names, lora_cfg.rank, lora_cfg.alpha, lora_cfg.dropout, lora_cfg.dora)
-        _META[key] = model
+        _META[key] = store_parameters(model, cfg.precision.get("store_dtype"))
     return _META[key]
 
 

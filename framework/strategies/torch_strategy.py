@@ -13,7 +13,7 @@ from framework.metrics.memory import local_bytes
 from framework.models.loss import weighted_micro_batch
 from framework.parallel.build_order import checkpoint_compile_wrap
 from framework.parallel.float8 import convert_float8
-from framework.parallel.precision import build_precision
+from framework.parallel.precision import STORE_DTYPES, build_precision
 from framework.strategies.runtime import Strategy
 from framework.strategies.traits import StrategyTraits
 
@@ -29,6 +29,7 @@ def frozen(model: nn.Module) -> nn.Module:
 class TorchTraits(StrategyTraits):
     """What every strategy whose loop is TorchStrategy declares: torch.distributed.checkpoint's saves."""
     precision_autocast = True
+    store_dtypes = STORE_DTYPES
     checkpoint_format = "dcp"
     supports_async_save = True
     saves_to_urls = True

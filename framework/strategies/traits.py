@@ -45,6 +45,9 @@ class StrategyTraits:
     #: zero stage -> None if supported, else the strategies that support it (for the error message)
     zero_support: dict[int, str | None] = {0: None}
     precisions: tuple[str, ...] = ("fp32",)
+    #: precision.store_dtype values whose parameters it trains (store_dtype_note: why one is missing)
+    store_dtypes: tuple[str, ...] = ("float32",)
+    store_dtype_note = ""
     activation_checkpointing: tuple[str, ...] = ("none",)
     #: wrappers and meshes need a process group, even for a world of one (one worker on one GPU)
     needs_process_group = True
@@ -179,6 +182,9 @@ class StrategyTraits:
             note = f": {cls.precision_note}" if cls.precision_note else ""
             raise ConfigError("precision", f"parallel={cls.name} does not support precision={cfg.precision.name}; "
                                            f"it supports {', '.join(cls.precisions)}{note}")
+        if cfg.precision.get("store_dtype") not in (None, *cls.store_dtypes):
+            raise ConfigError("precision.store_dtype", f"parallel={cls.name} keeps parameters in "
+                                                       f"{', '.join(cls.store_dtypes)}: {cls.store_dtype_note}")
         validate_activation_checkpointing(cfg)
         if cfg.activation_checkpointing.mode not in cls.activation_checkpointing:
             raise ConfigError("activation_checkpointing",

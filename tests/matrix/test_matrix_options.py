@@ -4,8 +4,8 @@ crossed at its smallest member or listed. A new option thus enters the matrix, o
 import dataclasses
 import typing
 
-from framework.config.schema import (AdamWConfig, AutoParallelConfig, Config, LowBitAdamWConfig, MuonConfig, SGDConfig,
-                                     WSDConfig)
+from framework.config.schema import (AdamWConfig, AutoParallelConfig, BF16AdamWConfig, Config, LowBitAdamWConfig,
+                                     MuonConfig, SGDConfig, WSDConfig)
 from framework.models.spec import SPECS, spec_named
 from framework.objectives.registry import DEFAULT, OBJECTIVES, objective_class
 from framework.strategies.registry import STRATEGIES, strategy_class
@@ -33,7 +33,7 @@ def schema_fields() -> dict:
     for name in STRATEGIES:
         _fields(strategy_class(name).options, "parallel.", found)
     _fields(AutoParallelConfig, "parallel.", found)
-    for schema in (AdamWConfig, SGDConfig, MuonConfig, LowBitAdamWConfig):
+    for schema in (AdamWConfig, SGDConfig, MuonConfig, LowBitAdamWConfig, BF16AdamWConfig):
         _fields(schema, "optimizer.", found)
     _fields(WSDConfig, "scheduler.", found)
     for name in SPECS:

@@ -55,6 +55,8 @@ class DeepSpeedTraits(StrategyTraits):
     default_workers = OPEN_CPU_WORKERS
     zero_support = {0: None, 1: None, 2: None, 3: None}
     precisions = ("fp32", "bf16", "fp16")
+    store_dtype_note = ("its bf16 engine steps an fp32 master copy of every parameter itself; "
+                        "parallel=fsdp (zero=stage2-3) or parallel=ddp train bf16 parameters")
     activation_checkpointing = AC_MODES
     compile_note = ("DeepSpeed's engine compiles through its own engine.compile(), which the framework does not "
                     "drive yet; parallel=fsdp zero=stage3 compiles per block")

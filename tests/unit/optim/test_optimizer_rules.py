@@ -28,6 +28,25 @@ CASES = {
     "a zero lr scale": (
         ["+optimizer.groups=[{pattern: 'output',lr_scale: 0}]"], "error: optimizer.groups[0].lr_scale: must be "
                                                                  "positive, got 0"),
+    "adamw_bf16 on fp32 parameters": (
+        ["optimizer=adamw_bf16", "precision=bf16"],
+        "error: optimizer: torchao.optim._AdamW steps bf16 parameters (its moments take their dtype); set "
+        "precision=bf16 precision.store_dtype=bfloat16, or optimizer=adamw for fp32 parameters"),
+    "bf16 parameters under deepspeed": (
+        ["parallel=deepspeed", "zero=stage2", "precision=bf16", "precision.store_dtype=bfloat16"],
+        "error: precision.store_dtype: parallel=deepspeed keeps parameters in float32: its bf16 engine steps an "
+        "fp32 master copy of every parameter itself"),
+    "adamw_bf16 under deepspeed": (
+        ["parallel=deepspeed", "zero=stage2", "precision=bf16", "precision.store_dtype=bfloat16",
+         "optimizer=adamw_bf16"],
+        "error: optimizer: torchao.optim._AdamW steps bf16 parameters, which parallel=deepspeed does not keep: its "
+        "bf16 engine steps an fp32 master copy of every parameter itself"),
+    "bf16 parameters computing in fp32": (
+        ["precision.store_dtype=bfloat16"], "error: precision.store_dtype: bfloat16 parameters compute in bf16, not "
+                                            "in precision=fp32; set precision=bf16"),
+    "bf16 parameters under adapters": (
+        ["precision=bf16", "precision.store_dtype=bfloat16", "lora.enabled=true"],
+        "error: precision.store_dtype: adapters train in fp32 on their frozen base"),
     "a decay past the run": (
         ["scheduler=wsd", "scheduler.decay_fraction=1.5"], "error: scheduler.decay_fraction: must be in [0, 1]"),
 }
@@ -47,4 +66,8 @@ def test_a_low_bit_optimizer_without_torchao_names_the_extra(compose_config, tmp
                         lambda name, *a: None if name == "torchao" else find_spec(name, *a))
     errors = refused(compose_config([*TINY, "optimizer=adamw_8bit"]), tmp_path / "run")
     assert errors == ["error: optimizer._target_: torchao.optim.AdamW8bit needs torchao: "
+                      "pip install 'framework[lowbit]'"], errors
+    errors = refused(compose_config([*TINY, "optimizer=adamw_bf16", "precision=bf16",
+                                     "precision.store_dtype=bfloat16"]), tmp_path / "run")
+    assert errors == ["error: optimizer._target_: torchao.optim._AdamW needs torchao: "
                       "pip install 'framework[lowbit]'"], errors

@@ -106,3 +106,18 @@ def test_every_dim_a_gradient_is_split_over_is_summed_fsdp_over_tp_included():
     assert sharded_dims((_StridedShard(0, split_factor=2), Shard(0))) == [0, 1]
     assert sharded_dims((Replicate(), Shard(1))) == [1]
     assert sharded_dims((Shard(0), Replicate())) == [0]
+
+
+def test_bf16_gradients_are_measured_in_fp32():
+    """precision.store_dtype=bfloat16: the norm of bf16 gradients is the fp32 norm of their values, not torch's
+    total norm, which rounds each tensor's norm and the total to bf16."""
+    gen = torch.Generator().manual_seed(1)
+    params = [torch.nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16)) for shape in ((33, 17), (5,), (64,))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(torch.bfloat16) * 3
+    want = torch.linalg.vector_norm(torch.cat([p.grad.float().flatten() for p in params]))
+    got = clip_grad_norm_(params, 0.0, torch.device("cpu"))
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=1e-6, atol=0)
+    rounded = torch.nn.utils.get_total_norm([p.grad for p in params]).float()
+    assert not torch.allclose(rounded, want, rtol=1e-6, atol=0)       # what the fp32 measure is for
