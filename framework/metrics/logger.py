@@ -9,12 +9,17 @@ from framework.metrics.trackers import Trackers
 
 
 class MetricsLogger:
-    def __init__(self, cfg, run_dir: str, enabled: bool, total_steps: int, initial_step: int = 0):
+    def __init__(self, cfg, run_dir: str, enabled: bool, total_steps: int, initial_step: int = 0,
+                 again: bool = False):
+        """`again`: a resumed or continued attempt: the records a failed one logged past `initial_step` are dropped
+        (with no checkpoint: all of them), as those steps are trained again."""
         self.enabled = enabled
         self.bar = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
+        if again:
+            truncate_metrics(run_dir, after_step=initial_step)
         self.file = open(os.path.join(run_dir, "metrics.jsonl"), "a", buffering=1)
         self.trackers = Trackers(cfg, run_dir)
         if cfg.trainer.progress_bar:

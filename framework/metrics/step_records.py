@@ -21,8 +21,9 @@ from framework.metrics.summary import run_summary
 
 class StepRecords:
     def __init__(self, cfg, strategy, run_dir: str, flops_per_token: float, initial_step: int, data,
-                 on_record=None):
-        """`data`: the training sampler (data/batches.py), which counts the tokens of steps and what was cut."""
+                 on_record=None, again: bool = False):
+        """`data`: the training sampler (data/batches.py), which counts the tokens of steps and what was cut;
+        `again`: a resumed or continued attempt, which redoes what a failed one logged past `initial_step`."""
         self.on_record = on_record
         self.cfg, self.strategy, self.run_dir, self.first_step = cfg, strategy, run_dir, initial_step
         self.data, self.once = data, dict(data.cut)
@@ -33,7 +34,7 @@ class StepRecords:
         self.memory = IntervalPeakMemory(strategy.device)
         self.memory.reset()
         self.health = GpuHealth(strategy.device, strategy.local_rank, cfg.logging.gpu_health)
-        self.logger = MetricsLogger(cfg, run_dir, strategy.is_main, cfg.trainer.max_steps, initial_step=initial_step)
+        self.logger = MetricsLogger(cfg, run_dir, strategy.is_main, cfg.trainer.max_steps, initial_step, again)
         self.finished = False
 
     def start(self, step: int, loss: float, lr: float, grad_norm: float, *extras: dict) -> dict:

@@ -33,8 +33,8 @@ class ReferencePass:
         """Within: the strategy's model is the reference (without a frozen copy: the policy as it is)."""
         return adapters_off() if self.lora else self.strategy.reference()
 
-    def precompute(self, samplers: dict, batches, checkpoints, resume_from: str | None) -> None:
-        """objective.precompute_reference: the tables of `samplers` ({split: sampler or None}) read back from the
+    def precompute(self, batches, checkpoints, resume_from: str | None, **samplers) -> None:
+        """objective.precompute_reference: the tables of `samplers` (split=sampler or None) read back from the
         checkpoint `resume_from` where it holds them, else scored now, while the policy still has its initial
         weights (before any checkpoint is loaded); from here on every checkpoint keeps them."""
         if not self.precomputed:

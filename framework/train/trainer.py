@@ -12,7 +12,6 @@ from framework.data.prefetch import BatchPrefetcher
 from framework.data.tokenizer import of_data
 from framework.metrics.compile_stats import CompileWatch
 from framework.metrics.interval import LogInterval
-from framework.metrics.logger import truncate_metrics
 from framework.metrics.profile import StepProfiler
 from framework.metrics.samples import TextSampler
 from framework.metrics.schedule import plan_step
@@ -77,14 +76,11 @@ class Trainer:
         checkpoints = CheckpointManager(cfg, self.run_dir, s)
         continues = group_continues(self.run_dir, s.device)
         resume_from = checkpoints.to_resume(continues, announce=s.is_main)
-        self.batches.reference.precompute({"train": self.train_data, "val": self.val_data}, self.batches, checkpoints,
-                                          resume_from)
+        self.batches.reference.precompute(self.batches, checkpoints, resume_from, train=self.train_data,
+                                          val=self.val_data)
         self.step = checkpoints.load(resume_from) if resume_from else 0     # 0: nothing to resume
-        if s.is_main and (self.step or continues):
-            # what a failed attempt logged past this point is redone (with no checkpoint: from step 0)
-            truncate_metrics(self.run_dir, after_step=self.step)
         records = StepRecords(cfg, s, self.run_dir, model_factory.flops_per_token(cfg.data.seq_len), self.step,
-                              self.train_data, self.on_record)
+                              self.train_data, self.on_record, again=bool(self.step or continues))
         faults.inject("startup", self.step)
         watchdog = StallWatchdog(self.run_dir, s.rank, t.stall_timeout_s).start()
         preemption = PreemptionWatch(cfg.launcher.preempt_signals, s.device)
