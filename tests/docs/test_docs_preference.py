@@ -28,7 +28,7 @@ def _records(run_dir) -> list[dict]:
 def test_the_page_says_to_install_the_extra_its_commands_need_before_the_first():
     first = run_by(__file__)[0]
     assert extras_of(first.page, first.block) == ("hf",)
-    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 6
+    assert all(c.text.startswith("python -m framework") for c in run_by(__file__)) and len(run_by(__file__)) == 7
 
 
 def test_preference_commands_run_as_written_and_dpo_tiny_learns(tmp_path):
