@@ -221,7 +221,8 @@ class DataConfig:
     document_mask: bool = False
     overlong: OneOf["split", "truncate"] = "split"   # packed instruction data: an example longer than a sequence
     # instruction data: examples packed whole into rows of seq_len; false: one example a row, truncated to
-    # seq_len + 1 tokens and padded to its micro-batch's longest row (TRL's packing=False; document_mask: false)
+    # seq_len + 1 tokens and padded to its micro-batch's longest row, or to seq_len + 1 under trainer.compile
+    # (TRL's packing=False; document_mask: false)
     packing: bool = True
     # jsonl, parquet, datasets, chat: tokenized at launch into a dataset under cache_dir (null: ~/.cache/framework)
     text_key: str = "text"              # the field / column holding a document's text (or a chat's messages)

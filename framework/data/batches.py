@@ -21,6 +21,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from framework.data.examples import OneExampleARow, Pairs, cut_counts
 from framework.data.ramp import BatchSizes
@@ -272,22 +273,29 @@ def split_stream(stream, val_fraction: float):
             replace(stream, tokens=stream.tokens[cut:], mask=stream.mask[cut:], starts=starts[cut_doc:] - cut))
 
 
-def micro_batches(local, micro_batch_size: int) -> list[tuple[torch.Tensor, ...]]:
+def micro_batches(local, micro_batch_size: int, width: int | None = None) -> list[tuple[torch.Tensor, ...]]:
     """Cut a rank's slice into (inputs, targets) micro-batches, targets not trained set to IGNORE_INDEX, and
     the inputs' document numbers third where the rows carry them. Rows of one example each (with lengths) are
-    cut to their micro-batch's longest."""
+    cut to their micro-batch's longest, or padded to `width` where it is given (a compiled model then sees one
+    shape: under tensor parallelism torch cannot trace the dynamic shape every new width makes)."""
     if isinstance(local, torch.Tensor):
         return [(chunk[:, :-1], chunk[:, 1:]) for chunk in local.split(micro_batch_size)]
     out = []
     for i in range(0, len(local.tokens), micro_batch_size):
         part = slice(i, i + micro_batch_size)
-        width = int(local.lengths[part].max()) if local.lengths is not None else local.tokens.shape[1]
-        tokens = local.tokens[part, :width]
+        if local.lengths is None:
+            width_here = local.tokens.shape[1]
+        else:
+            width_here = width or int(local.lengths[part].max())
+        tokens, trained = local.tokens[part, :width_here], local.trained
+        if tokens.shape[1] < width_here:
+            tokens = F.pad(tokens, (0, width_here - tokens.shape[1]), value=PAD_ID)
+            trained = None if trained is None else F.pad(trained, (0, width_here - trained.shape[1]), value=False)
         targets = tokens[:, 1:]
-        if local.trained is not None:
-            targets = targets.masked_fill(~local.trained[part, 1:width], IGNORE_INDEX)
+        if trained is not None:
+            targets = targets.masked_fill(~trained[part, 1:width_here], IGNORE_INDEX)
         batch = (tokens[:, :-1], targets)
         if local.documents is not None:
-            batch += (local.documents[part, :width - 1],)
+            batch += (local.documents[part, :width_here - 1],)
         out.append(batch)
     return out

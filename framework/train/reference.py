@@ -52,7 +52,8 @@ class ReferencePass:
         if scored:
             batches.plan(batches.layout)
             with self.model():
-                tables.update({split: reference_table.score(s, batches.layout, samplers[split], self.objective)
+                tables.update({split: reference_table.score(s, batches.layout, samplers[split], self.objective,
+                                                            batches.width)
                                for split in scored})
             said.append(f"scored {self._counted({split: tables[split] for split in scored})} with the reference model")
         self.tables = {samplers[split]: table for split, table in tables.items()}

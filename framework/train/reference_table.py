@@ -86,10 +86,11 @@ def decode(data: bytes, where: str, expected: dict[str, tuple[int, str]]) -> dic
     return {split: tables[split] for split in held}
 
 
-def score(strategy, layout, sampler, objective) -> torch.Tensor:
+def score(strategy, layout, sampler, objective, width: int | None = None) -> torch.Tensor:
     """[pairs, 2]: the log-probs of every pair of `sampler`'s data as the strategy's model gives them now, in one
     pass over the first epoch's order in global batches of the `layout` (BatchLayout) the strategy is planned for.
-    The last batch is filled up from the start of the order (its extra pairs scored twice, kept once)."""
+    The last batch is filled up from the start of the order (its extra pairs scored twice, kept once); `width`:
+    micro-batches as wide as the training ones (StepBatches.width)."""
     pairs, size = sampler.num_sequences, sampler.global_batch_size
     order = sampler.ids_at(range(pairs))
     share = slice(strategy.dp_rank * (size // strategy.dp_size), (strategy.dp_rank + 1) * (size // strategy.dp_size))
@@ -97,7 +98,8 @@ def score(strategy, layout, sampler, objective) -> torch.Tensor:
     for first in range(0, pairs, size):
         positions = np.arange(first, first + size)[share]
         local = sampler.sequences(order[positions % pairs]) if strategy.needs_batches else None
-        batches = [] if local is None else micro_batches(local, layout.micro_batch * objective.rows_per_example)
+        batches = [] if local is None else micro_batches(local, layout.micro_batch * objective.rows_per_example,
+                                                         width)
         objective.forget_reference()
         strategy.eval_loss(batches, objective.reference_fn)
         if objective.reference:

@@ -51,6 +51,8 @@ class StepBatches:
         self.retry = t.on_oom == "retry"
         self._planned = None
         self.reference = None       # a ReferencePass, once the strategy has its model (Trainer.fit)
+        # rows of one example each (data.packing=false) padded to one width under compile: one shape, one graph
+        self.width = cfg.data.seq_len + 1 if t.compile else None
         self._batch = None          # (sampler, step) of the global batch being run
 
     @contextlib.contextmanager
@@ -80,7 +82,8 @@ class StepBatches:
     def micro_batches(self, local, layout) -> list:
         """A rank's share as micro-batches of `layout` (counted in the sampler's examples: a preference pair is
         two rows), with the reference's log-probs queued where the objective reads them."""
-        found = [] if local is None else micro_batches(local, layout.micro_batch * self.objective.rows_per_example)
+        found = [] if local is None else micro_batches(local, layout.micro_batch * self.objective.rows_per_example,
+                                                        self.width)
         found = [self.objective.prepare(batch) for batch in found]
         self.objective.begin_step()
         if self.reference is not None:
