@@ -65,12 +65,7 @@ _DDP = ("a DistributedDataParallel tunable (its buckets, hooks and graph bookkee
 _FAMILY = "a mode of one family's own model (moe): the family is crossed at its smallest member, which has one"
 
 #: objective -> why the objective axis leaves it out (the axis is the objective registry less these)
-OBJECTIVES_NOT_CROSSED: dict[str, str] = {
-    "orpo": ("its loss is computed from the same per-row log-probs (models/loss.py token_logps) the crossed dpo and "
-             "simpo jobs prove under every layout, plus an NLL normalised by the global batch's chosen tokens, which "
-             "tests/integration/objectives/test_preference_runs.py holds to single under fsdp x2 in another "
-             "micro-batch split; crossing it was measured at 83 jobs against 77: not yet afforded"),
-}
+OBJECTIVES_NOT_CROSSED: dict[str, str] = {}
 
 #: config path -> why the matrix does not cross it
 NOT_CROSSED: dict[str, str] = {
