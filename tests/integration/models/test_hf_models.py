@@ -170,7 +170,8 @@ def test_a_pretrained_model_is_read_by_name_into_a_meta_skeleton(saved, monkeypa
     from framework.models.hf.spec import _Weights
     assert len(list(saved["llama"].glob("model-*-of-*.safetensors"))) > 1
     cfg = OmegaConf.create({"model": {"_target_": "framework.models.hf.HFCausalLM", "pretrained": str(saved["llama"]),
-                                      "config": None}, "seed": 0, "checkpoint": {"initial_load": None}})
+                                      "config": None}, "seed": 0, "checkpoint": {"initial_load": None},
+                           "precision": {"store_dtype": "float32"}})
     factory = ModelFactory(cfg)
     model = factory.meta()
     assert factory.can_materialize and all(p.is_meta for p in model.parameters())
