@@ -5,11 +5,9 @@ turn, and some as prompt/completion pairs -- enough for a small model on a CPU t
 holds the shipped one to this."""
 from __future__ import annotations
 
-import json
 import random
-import sys
 
-from framework.data.assets import path
+from framework.data.assets import jsonl_text, write
 
 FILE = "tiny_chat.jsonl"
 SEED = 42
@@ -57,10 +55,8 @@ def conversations(count: int = 400) -> list[dict]:
 
 
 def text() -> str:
-    return "".join(json.dumps(c) + "\n" for c in conversations())
+    return jsonl_text(conversations())
 
 
 if __name__ == "__main__":
-    with open(path(FILE), "w", encoding="utf-8") as f:
-        f.write(text())
-    sys.exit(0)
+    write(FILE, text())

@@ -5,11 +5,9 @@ model on a CPU to prefer the right answers within a minute (recipe dpo_tiny). `p
 framework.data.assets.tiny_prefs` writes the file again; a test holds the shipped one to this."""
 from __future__ import annotations
 
-import json
 import random
-import sys
 
-from framework.data.assets import path
+from framework.data.assets import jsonl_text, write
 from framework.data.assets.tiny_chat import OPPOSITES, WORDS
 
 FILE = "tiny_prefs.jsonl"
@@ -43,10 +41,8 @@ def pairs(count: int = 256) -> list[dict]:
 
 
 def text() -> str:
-    return "".join(json.dumps(p) + "\n" for p in pairs())
+    return jsonl_text(pairs())
 
 
 if __name__ == "__main__":
-    with open(path(FILE), "w", encoding="utf-8") as f:
-        f.write(text())
-    sys.exit(0)
+    write(FILE, text())
